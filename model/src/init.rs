@@ -1,0 +1,37 @@
+//! GPT-2 parameter initialization (Radford et al. 2019, §2.3; nanoGPT `_init_weights`):
+//! weights ~ N(0, 0.02), residual output projections ~ N(0, 0.02/√(2·n_layer)), biases 0,
+//! LayerNorm gain 1 and bias 0.
+
+use burn::module::{Initializer, Param};
+use burn::nn::Linear;
+use burn::tensor::backend::Backend;
+use burn::tensor::Tensor;
+
+/// Standard deviation of GPT-2's weight initialization.
+pub const INIT_STD: f64 = 0.02;
+
+/// Standard deviation for the output projections that write into the residual stream
+/// (`attn.c_proj`, `mlp.c_proj`): `0.02 / √(2·n_layer)`, because each block adds two of them.
+pub fn residual_std(n_layer: usize) -> f64 {
+    INIT_STD / (2.0 * n_layer as f64).sqrt()
+}
+
+/// A `[d_input, d_output]` Linear with weights ~ N(0, `std`) and, if `bias`, a zero bias.
+/// (Burn's `LinearConfig` draws the bias from the same initializer as the weight.)
+pub fn linear<B: Backend>(
+    d_input: usize,
+    d_output: usize,
+    bias: bool,
+    std: f64,
+    device: &B::Device,
+) -> Linear<B> {
+    Linear {
+        weight: normal([d_input, d_output], std, device),
+        bias: bias.then(|| Initializer::Zeros.init([d_output], device)),
+    }
+}
+
+/// A parameter of `shape` drawn from N(0, `std`).
+pub fn normal<B: Backend>(shape: [usize; 2], std: f64, device: &B::Device) -> Param<Tensor<B, 2>> {
+    Initializer::Normal { mean: 0.0, std }.init(shape, device)
+}

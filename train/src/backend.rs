@@ -1,0 +1,115 @@
+//! Backend selection: `flex` (CPU) always; `cuda` when built with the `cuda` feature and a
+//! driver is present. Burn panics when CUDA is missing; Ember turns that into an error.
+
+use burn::backend::{Autodiff, Flex};
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::config::BackendKind;
+use crate::error::TrainError;
+
+/// Work to run on whichever backend the configuration chose.
+pub trait BackendTask {
+    /// What the task returns.
+    type Output;
+    /// Runs the task on autodiff backend `B` (use `B::InnerBackend` for inference).
+    fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<Self::Output, TrainError>;
+}
+
+/// Runs `task` on `kind` (device index `index` for CUDA).
+///
+/// Errors: `cuda` in a build without the `cuda` feature, or no usable CUDA device/driver.
+pub fn run_on<T: BackendTask>(kind: BackendKind, index: usize, task: T) -> Result<T::Output, TrainError> {
+    match kind {
+        BackendKind::Flex => task.run::<Autodiff<Flex>>(Default::default()),
+        BackendKind::Cuda => run_cuda(index, task),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn run_cuda<T: BackendTask>(index: usize, task: T) -> Result<T::Output, TrainError> {
+    use burn::backend::cuda::CudaDevice;
+    use burn::backend::Cuda;
+    let device = CudaDevice::new(index);
+    probe::<Cuda>(&device).map_err(|message| {
+        TrainError::Backend(format!(
+            "CUDA device {index} is not usable: {message}. Check the NVIDIA driver (libcuda), NVRTC and the CUDA headers (CUDA_PATH), or use backend = \"flex\""
+        ))
+    })?;
+    task.run::<Autodiff<Cuda>>(device)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_cuda<T: BackendTask>(_index: usize, _task: T) -> Result<T::Output, TrainError> {
+    Err(TrainError::Backend(
+        "this ember was built without CUDA support; rebuild with `cargo build --release --features cuda` (set CUDARC_CUDA_VERSION=13000) or use backend = \"flex\"".into(),
+    ))
+}
+
+/// Allocates and reads back one tensor, turning Burn's panic (no driver, no device) into an
+/// error message.
+#[cfg(feature = "cuda")]
+fn probe<B: burn::tensor::backend::Backend>(device: &B::Device) -> Result<(), String> {
+    catch_panic(|| {
+        burn::tensor::Tensor::<B, 1>::zeros([1], device).into_data();
+    })
+}
+
+/// Runs `f`, returning its panic message as an error. The panic hook is silenced meanwhile
+/// so no backtrace reaches the user.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn catch_panic<R>(f: impl FnOnce() -> R) -> Result<R, String> {
+    use std::panic::{catch_unwind, set_hook, take_hook, AssertUnwindSafe};
+    let hook = take_hook();
+    set_hook(Box::new(|_| {}));
+    let result = catch_unwind(AssertUnwindSafe(f));
+    set_hook(hook);
+    result.map_err(|panic| {
+        panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "the backend panicked".into())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Answer;
+    impl BackendTask for Answer {
+        type Output = u32;
+        fn run<B: AutodiffBackend>(self, _device: B::Device) -> Result<u32, TrainError> {
+            Ok(42)
+        }
+    }
+
+    #[test]
+    fn flex_runs_the_task() {
+        assert_eq!(run_on(BackendKind::Flex, 0, Answer).unwrap(), 42);
+    }
+
+    #[test]
+    fn a_panicking_backend_call_becomes_an_error() {
+        let err = catch_panic(|| -> u32 { panic!("Unable to dynamically load the \"cuda\" shared library") });
+        assert_eq!(err.unwrap_err(), "Unable to dynamically load the \"cuda\" shared library");
+        assert_eq!(catch_panic(|| 7), Ok(7));
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn cuda_without_the_feature_is_a_clear_error() {
+        let err = run_on(BackendKind::Cuda, 0, Answer).unwrap_err().to_string();
+        assert!(err.contains("built without CUDA"), "{err}");
+    }
+
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_without_a_driver_is_an_error_not_a_panic() {
+        // On a machine without a GPU this is an error; on a GPU machine it runs.
+        match run_on(BackendKind::Cuda, 0, Answer) {
+            Ok(v) => assert_eq!(v, 42),
+            Err(e) => assert!(e.to_string().contains("CUDA device 0 is not usable"), "{e}"),
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! Learning rate: linear warmup, then cosine decay to a floor (Loshchilov & Hutter 2017,
+//! SGDR eq. 5 without restarts; nanoGPT `get_lr`), advanced once per optimizer step.
+
+use std::f64::consts::PI;
+
+/// The schedule of [`crate::config::OptimizerConfig`], as a pure function of the optimizer step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LrSchedule {
+    /// Peak learning rate.
+    pub peak: f64,
+    /// Floor reached at `decay_steps` and held after.
+    pub min: f64,
+    /// Warmup length in optimizer steps.
+    pub warmup_steps: u64,
+    /// Step at which the decay ends.
+    pub decay_steps: u64,
+}
+
+impl LrSchedule {
+    /// Learning rate of optimizer step `step` (counted from 1; step 0 is treated as step 1).
+    ///
+    /// - `step ≤ warmup`: `peak · step / warmup` (step 1 gets `peak/warmup`, never 0);
+    /// - `warmup < step < decay_steps`: `min + ½(1 + cos(π·r))·(peak − min)` with
+    ///   `r = (step − warmup)/(decay_steps − warmup)`;
+    /// - `step ≥ decay_steps`: `min`.
+    pub fn lr(&self, step: u64) -> f64 {
+        let step = step.max(1);
+        if step <= self.warmup_steps {
+            return self.peak * step as f64 / self.warmup_steps as f64;
+        }
+        if step >= self.decay_steps {
+            return self.min;
+        }
+        let ratio = (step - self.warmup_steps) as f64 / (self.decay_steps - self.warmup_steps) as f64;
+        let coeff = 0.5 * (1.0 + (PI * ratio).cos());
+        self.min + coeff * (self.peak - self.min)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: LrSchedule = LrSchedule { peak: 1e-3, min: 1e-4, warmup_steps: 100, decay_steps: 2000 };
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-15
+    }
+
+    #[test]
+    fn warmup_starts_at_peak_over_warmup_and_reaches_peak() {
+        assert!(close(S.lr(1), 1e-5));
+        assert!(close(S.lr(50), 5e-4));
+        assert!(close(S.lr(100), 1e-3));
+    }
+
+    #[test]
+    fn cosine_is_halfway_mid_decay_and_floors_after() {
+        // step 1050: r = 950/1900 = 0.5, cos(π/2) = 0 → min + (peak − min)/2 = 5.5e-4.
+        assert!(close(S.lr(1050), 5.5e-4));
+        assert!(close(S.lr(2000), 1e-4));
+        assert!(close(S.lr(5000), 1e-4));
+        assert!(S.lr(101) < 1e-3 && S.lr(101) > 0.999e-3);
+    }
+
+    #[test]
+    fn no_warmup_starts_at_peak() {
+        let s = LrSchedule { warmup_steps: 0, ..S };
+        assert!(close(s.lr(1), 1e-3 - 0.5 * (1.0 - (PI / 2000.0).cos()) * 9e-4));
+    }
+}
