@@ -13,7 +13,11 @@ use ember_train::sample::SampleOptions;
 use ember_train::BackendKind;
 
 #[derive(Parser)]
-#[command(name = "ember", version, about = "Train GPT models from the terminal on Burn")]
+#[command(
+    name = "ember",
+    version,
+    about = "Train GPT models from the terminal on Burn"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -75,7 +79,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Prepare(args) => prepare::run(args),
         Command::Train(args) => train::run(args),
-        Command::Eval { run, batches, backend } => {
+        Command::Eval {
+            run,
+            batches,
+            backend,
+        } => {
             let report = ember_train::commands::eval_run(&run, batches, backend)?;
             println!(
                 "step {}: train loss {:.4} (ppl {:.2}), val loss {:.4} (ppl {:.2}) over {} batches each",
@@ -88,7 +96,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Sample { run, prompt, max_new_tokens, temperature, top_k, seed, backend } => {
+        Command::Sample {
+            run,
+            prompt,
+            max_new_tokens,
+            temperature,
+            top_k,
+            seed,
+            backend,
+        } => {
             let options = SampleOptions {
                 prompt,
                 max_new_tokens,
@@ -96,7 +112,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 top_k: (top_k > 0).then_some(top_k),
                 seed,
             };
-            println!("{}", ember_train::commands::sample_run(&run, &options, backend)?);
+            println!(
+                "{}",
+                ember_train::commands::sample_run(&run, &options, backend)?
+            );
             Ok(())
         }
     }

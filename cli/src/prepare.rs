@@ -32,7 +32,8 @@ pub fn run(args: PrepareArgs) -> anyhow::Result<()> {
     match args.download.as_deref() {
         None => {}
         Some("tinyshakespeare") => {
-            std::fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
+            std::fs::create_dir_all(&args.out)
+                .with_context(|| format!("cannot create {}", args.out.display()))?;
             let file = download_tinyshakespeare(&args.out.join("tinyshakespeare.txt"))?;
             println!("downloaded {} (sha256 verified)", file.display());
             inputs.push(file);
@@ -42,7 +43,12 @@ pub fn run(args: PrepareArgs) -> anyhow::Result<()> {
     if inputs.is_empty() {
         bail!("no input: pass --input FILE... or --download tinyshakespeare");
     }
-    let summary = prepare(&PrepareOptions { tokenizer: args.tokenizer, inputs, out: args.out, val_fraction: args.val_fraction })?;
+    let summary = prepare(&PrepareOptions {
+        tokenizer: args.tokenizer,
+        inputs,
+        out: args.out,
+        val_fraction: args.val_fraction,
+    })?;
     let m = &summary.meta;
     println!(
         "prepared {}: {} documents, vocabulary {} ({:?} tokens), {} train + {} val tokens",

@@ -13,7 +13,12 @@ use ember_train::{RunConfig, RunOptions};
 #[derive(Args)]
 pub struct TrainArgs {
     /// The run configuration (TOML; see examples/).
-    #[arg(long, value_name = "FILE.toml", required_unless_present = "resume", conflicts_with = "resume")]
+    #[arg(
+        long,
+        value_name = "FILE.toml",
+        required_unless_present = "resume",
+        conflicts_with = "resume"
+    )]
     config: Option<PathBuf>,
     /// Continue the run in RUN_DIR from its latest checkpoint.
     #[arg(long, value_name = "RUN_DIR")]
@@ -34,11 +39,21 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let (mut config, run_dir, resume) = match (&args.config, &args.resume) {
         (Some(path), None) => {
             let config = RunConfig::load(path, &args.set)?;
-            let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "run".into());
-            let run_dir = args.run_dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(name));
+            let name = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "run".into());
+            let run_dir = args
+                .run_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("runs").join(name));
             (config, run_dir, false)
         }
-        (None, Some(run_dir)) => (RunConfig::load(&run_dir.join(files::CONFIG), &args.set)?, run_dir.clone(), true),
+        (None, Some(run_dir)) => (
+            RunConfig::load(&run_dir.join(files::CONFIG), &args.set)?,
+            run_dir.clone(),
+            true,
+        ),
         _ => unreachable!("clap requires exactly one of --config and --resume"),
     };
     if let Some(data) = args.data {
@@ -57,7 +72,12 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
 
     println!("run directory: {}", run_dir.display());
     let summary = ember_train::commands::train_run(
-        RunOptions { config, run_dir: run_dir.clone(), resume, stop },
+        RunOptions {
+            config,
+            run_dir: run_dir.clone(),
+            resume,
+            stop,
+        },
         &mut |line| println!("{line}"),
     )?;
     let val = summary
@@ -66,7 +86,11 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| "no evaluation".into());
     println!(
         "{} after step {}: {val}; {:.1} s, {:.0} tokens/s; run directory {}",
-        if summary.stopped_early { "stopped" } else { "done" },
+        if summary.stopped_early {
+            "stopped"
+        } else {
+            "done"
+        },
         summary.steps,
         summary.wall_s,
         summary.tokens_per_sec,

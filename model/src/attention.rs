@@ -31,7 +31,13 @@ impl<B: Backend> CausalSelfAttention<B> {
         let c = config.d_model;
         Self {
             c_attn: init::linear(c, 3 * c, config.bias, init::INIT_STD, device),
-            c_proj: init::linear(c, c, config.bias, init::residual_std(config.n_layer), device),
+            c_proj: init::linear(
+                c,
+                c,
+                config.bias,
+                init::residual_std(config.n_layer),
+                device,
+            ),
             attn_dropout: DropoutConfig::new(config.dropout).init(),
             resid_dropout: DropoutConfig::new(config.dropout).init(),
             n_head: config.n_head,
@@ -52,16 +58,27 @@ impl<B: Backend> CausalSelfAttention<B> {
                 .swap_dims(1, 2) // [B, H, T, Dh]
         };
         let mut qkv = qkv.chunk(3, 2).into_iter().map(heads);
-        let (q, k, v) = (qkv.next().unwrap(), qkv.next().unwrap(), qkv.next().unwrap());
+        let (q, k, v) = (
+            qkv.next().unwrap(),
+            qkv.next().unwrap(),
+            qkv.next().unwrap(),
+        );
 
         let dropout_active = self.attn_dropout.prob > 0.0 && B::ad_enabled(&q.device());
         let y = if dropout_active {
             attention_reference(q, k, v, Some(&self.attn_dropout))
         } else {
-            attention(q, k, v, None, None, AttentionModuleOptions {
-                is_causal: true,
-                ..Default::default()
-            })
+            attention(
+                q,
+                k,
+                v,
+                None,
+                None,
+                AttentionModuleOptions {
+                    is_causal: true,
+                    ..Default::default()
+                },
+            )
         }; // [B, H, T, Dh]
         let y = y.swap_dims(1, 2).reshape([batch, seq_len, d_model]);
         self.resid_dropout.forward(self.c_proj.forward(y))
@@ -84,7 +101,8 @@ pub fn attention_reference<B: Backend>(
     let [batch, n_head, seq_q, d_head] = q.dims();
     let seq_k = k.dims()[2];
     let scores = q.matmul(k.swap_dims(2, 3)) / (d_head as f64).sqrt(); // [B, H, Tq, Tk]
-    let mask = causal_mask::<B>(seq_q, seq_k, &scores.device()).expand([batch, n_head, seq_q, seq_k]);
+    let mask =
+        causal_mask::<B>(seq_q, seq_k, &scores.device()).expand([batch, n_head, seq_q, seq_k]);
     let weights = softmax(scores.mask_fill(mask, f32::NEG_INFINITY), 3);
     let weights = match dropout {
         Some(dropout) => dropout.forward(weights),

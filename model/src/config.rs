@@ -126,7 +126,7 @@ impl GptConfig {
                 return err(field, "must be at least 1, got 0".into());
             }
         }
-        if self.d_model % self.n_head != 0 {
+        if !self.d_model.is_multiple_of(self.n_head) {
             return err(
                 "d_model",
                 format!(
@@ -138,7 +138,10 @@ impl GptConfig {
             );
         }
         if !(0.0..1.0).contains(&self.dropout) {
-            return err("dropout", format!("must be in [0, 1), got {}", self.dropout));
+            return err(
+                "dropout",
+                format!("must be in [0, 1), got {}", self.dropout),
+            );
         }
         if self.layer_norm_eps <= 0.0 || !self.layer_norm_eps.is_finite() {
             return err(
@@ -164,7 +167,11 @@ impl GptConfig {
         let attn = c * 3 * c + b * 3 * c + c * c + b * c;
         let mlp = c * 4 * c + b * 4 * c + 4 * c * c + b * c;
         let block = 2 * ln + attn + mlp;
-        let head = if self.tie_embeddings { 0 } else { c * self.vocab_size };
+        let head = if self.tie_embeddings {
+            0
+        } else {
+            c * self.vocab_size
+        };
         self.vocab_size * c + self.block_size * c + self.n_layer * block + ln + head
     }
 }
@@ -196,13 +203,22 @@ mod tests {
     fn d_model_not_divisible_by_n_head_is_an_error_naming_both() {
         let err = GptConfig::new(65, 2, 3, 128, 64).validate().unwrap_err();
         assert_eq!(err.field, "d_model");
-        assert!(err.to_string().contains("divisible by n_head (3), got 128"), "{err}");
+        assert!(
+            err.to_string().contains("divisible by n_head (3), got 128"),
+            "{err}"
+        );
     }
 
     #[test]
     fn zero_sizes_and_bad_dropout_are_errors() {
-        assert_eq!(GptConfig::new(0, 2, 2, 8, 4).validate().unwrap_err().field, "vocab_size");
-        let err = GptConfig::new(8, 2, 2, 8, 4).with_dropout(1.0).validate().unwrap_err();
+        assert_eq!(
+            GptConfig::new(0, 2, 2, 8, 4).validate().unwrap_err().field,
+            "vocab_size"
+        );
+        let err = GptConfig::new(8, 2, 2, 8, 4)
+            .with_dropout(1.0)
+            .validate()
+            .unwrap_err();
         assert_eq!(err.field, "dropout");
     }
 

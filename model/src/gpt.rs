@@ -39,9 +39,15 @@ impl GptConfig {
         self.validate()?;
         let (v, c) = (self.vocab_size, self.d_model);
         let model = Gpt {
-            wte: Embedding { weight: init::normal([v, c], init::INIT_STD, device) },
-            wpe: Embedding { weight: init::normal([self.block_size, c], init::INIT_STD, device) },
-            h: (0..self.n_layer).map(|_| Block::new(self, device)).collect(),
+            wte: Embedding {
+                weight: init::normal([v, c], init::INIT_STD, device),
+            },
+            wpe: Embedding {
+                weight: init::normal([self.block_size, c], init::INIT_STD, device),
+            },
+            h: (0..self.n_layer)
+                .map(|_| Block::new(self, device))
+                .collect(),
             ln_f: layer_norm(self, device),
             lm_head: (!self.tie_embeddings)
                 .then(|| init::linear(c, v, false, init::INIT_STD, device)),

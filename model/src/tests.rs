@@ -41,7 +41,11 @@ fn num_params_matches_the_config_formula_in_every_variant() {
     for (bias, tie) in [(true, true), (false, true), (true, false), (false, false)] {
         let cfg = tiny().with_bias(bias).with_tie_embeddings(tie);
         let model = cfg.init::<B>(&Default::default()).unwrap();
-        assert_eq!(model.num_params(), cfg.num_params(), "bias {bias} tie {tie}");
+        assert_eq!(
+            model.num_params(),
+            cfg.num_params(),
+            "bias {bias} tie {tie}"
+        );
     }
     // Hand count, tiny (V 64, ctx 16, C 32, 2 layers, bias, tied):
     // wte 2048 + wpe 512 + 2·(ln 128 + attn 3168+1056 + mlp 4224+4128) + ln_f 64 = 28032.
@@ -69,10 +73,15 @@ fn fused_attention_equals_the_explicit_softmax_path() {
     let q = Tensor::<B, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
     let k = Tensor::<B, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
     let v = Tensor::<B, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
-    let opts = AttentionModuleOptions { is_causal: true, ..Default::default() };
+    let opts = AttentionModuleOptions {
+        is_causal: true,
+        ..Default::default()
+    };
     let fused = attention(q.clone(), k.clone(), v.clone(), None, None, opts);
     let explicit = attention_reference(q, k, v, None);
-    fused.into_data().assert_approx_eq::<f32>(&explicit.into_data(), Tolerance::absolute(1e-5));
+    fused
+        .into_data()
+        .assert_approx_eq::<f32>(&explicit.into_data(), Tolerance::absolute(1e-5));
 }
 
 #[test]
@@ -109,18 +118,38 @@ fn gpt2_initialization_scales_residual_projections() {
     let cfg = GptConfig::new(512, 8, 4, 128, 64); // residual std 0.02/√16 = 0.005
     let model = cfg.init::<B>(&device).unwrap();
     let (m, s) = mean_std(model.wte.weight.val());
-    assert!(m.abs() < 1e-3 && (s - 0.02).abs() < 5e-4, "wte mean {m} std {s}");
+    assert!(
+        m.abs() < 1e-3 && (s - 0.02).abs() < 5e-4,
+        "wte mean {m} std {s}"
+    );
     let (_, s) = mean_std(model.h[0].attn.c_attn.weight.val());
     assert!((s - 0.02).abs() < 5e-4, "c_attn std {s}");
     let (_, s) = mean_std(model.h[3].mlp.c_proj.weight.val());
     assert!((s - 0.005).abs() < 2e-4, "mlp.c_proj std {s}");
     let (_, s) = mean_std(model.h[3].attn.c_proj.weight.val());
     assert!((s - 0.005).abs() < 3e-4, "attn.c_proj std {s}");
-    let bias: Vec<f32> = model.h[0].attn.c_attn.bias.as_ref().unwrap().val().into_data().to_vec().unwrap();
+    let bias: Vec<f32> = model.h[0]
+        .attn
+        .c_attn
+        .bias
+        .as_ref()
+        .unwrap()
+        .val()
+        .into_data()
+        .to_vec()
+        .unwrap();
     assert!(bias.iter().all(|&x| x == 0.0));
     let gain: Vec<f32> = model.h[0].ln_1.gamma.val().into_data().to_vec().unwrap();
     assert!(gain.iter().all(|&x| x == 1.0));
-    let beta: Vec<f32> = model.ln_f.beta.as_ref().unwrap().val().into_data().to_vec().unwrap();
+    let beta: Vec<f32> = model
+        .ln_f
+        .beta
+        .as_ref()
+        .unwrap()
+        .val()
+        .into_data()
+        .to_vec()
+        .unwrap();
     assert!(beta.iter().all(|&x| x == 0.0));
 }
 
@@ -129,7 +158,12 @@ fn same_seed_builds_identical_weights() {
     let device = Default::default();
     let build = || {
         let _seed = seeded(42);
-        tiny().init::<B>(&device).unwrap().h[1].mlp.c_fc.weight.val().into_data()
+        tiny().init::<B>(&device).unwrap().h[1]
+            .mlp
+            .c_fc
+            .weight
+            .val()
+            .into_data()
     };
     assert_eq!(build(), build());
 }
@@ -141,11 +175,17 @@ fn erf_and_tanh_gelu_give_close_but_different_logits() {
     let tanh = tiny().init::<B>(&device).unwrap();
     let erf_cfg = tiny().with_gelu(GeluKind::Erf);
     // Same weights, other activation: load tanh's record into an erf-configured model.
-    let erf = erf_cfg.init::<B>(&device).unwrap().load_record(tanh.clone().into_record());
+    let erf = erf_cfg
+        .init::<B>(&device)
+        .unwrap()
+        .load_record(tanh.clone().into_record());
     let x = tokens(&[&[3, 1, 4, 1, 5, 9]]);
     let (a, b) = (tanh.forward(x.clone()), erf.forward(x));
     let diff = (a - b).abs().max().into_scalar();
-    assert!(diff > 0.0 && diff < 1e-2, "max |tanh - erf| logits = {diff}");
+    assert!(
+        diff > 0.0 && diff < 1e-2,
+        "max |tanh - erf| logits = {diff}"
+    );
 }
 
 #[test]

@@ -70,10 +70,16 @@ pub fn save<B: AutodiffBackend>(
             path: tmp.clone(),
             message: format!("cannot write record: {e}"),
         };
-        recorder().record(model.clone().into_record(), tmp.join("model")).map_err(record_err)?;
+        recorder()
+            .record(model.clone().into_record(), tmp.join("model"))
+            .map_err(record_err)?;
         let (decay, no_decay) = optimizer.to_records();
-        recorder().record(decay, tmp.join("optim_decay")).map_err(record_err)?;
-        recorder().record(no_decay, tmp.join("optim_no_decay")).map_err(record_err)?;
+        recorder()
+            .record(decay, tmp.join("optim_decay"))
+            .map_err(record_err)?;
+        recorder()
+            .record(no_decay, tmp.join("optim_no_decay"))
+            .map_err(record_err)?;
         let json = serde_json::to_vec_pretty(state).expect("state serializes");
         write_atomic(&tmp.join("state.json"), &json)?;
         if final_dir.exists() {
@@ -115,7 +121,10 @@ pub fn latest(run_dir: &Path) -> Result<PathBuf, TrainError> {
     let pointer = checkpoints_dir(run_dir).join("latest");
     let name = fs::read_to_string(&pointer).map_err(|e| TrainError::Checkpoint {
         path: run_dir.into(),
-        message: format!("no checkpoint to load ({}: {e}); was the run started with this --run-dir?", pointer.display()),
+        message: format!(
+            "no checkpoint to load ({}: {e}); was the run started with this --run-dir?",
+            pointer.display()
+        ),
     })?;
     let dir = checkpoints_dir(run_dir).join(name.trim());
     if !dir.join("state.json").exists() {
@@ -138,17 +147,28 @@ pub fn load_state(dir: &Path) -> Result<TrainState, TrainError> {
     if state.version != CHECKPOINT_VERSION {
         return Err(TrainError::Checkpoint {
             path,
-            message: format!("checkpoint version {} is not supported (expected {CHECKPOINT_VERSION})", state.version),
+            message: format!(
+                "checkpoint version {} is not supported (expected {CHECKPOINT_VERSION})",
+                state.version
+            ),
         });
     }
     Ok(state)
 }
 
 /// Loads a checkpoint's weights into `model` (built from the run's config on `device`).
-pub fn load_model<B: Backend>(dir: &Path, model: Gpt<B>, device: &B::Device) -> Result<Gpt<B>, TrainError> {
-    let record = recorder()
-        .load(dir.join("model"), device)
-        .map_err(|e| TrainError::Checkpoint { path: dir.join("model.mpk"), message: format!("cannot load weights: {e}") })?;
+pub fn load_model<B: Backend>(
+    dir: &Path,
+    model: Gpt<B>,
+    device: &B::Device,
+) -> Result<Gpt<B>, TrainError> {
+    let record =
+        recorder()
+            .load(dir.join("model"), device)
+            .map_err(|e| TrainError::Checkpoint {
+                path: dir.join("model.mpk"),
+                message: format!("cannot load weights: {e}"),
+            })?;
     Ok(model.load_record(record))
 }
 
@@ -159,10 +179,12 @@ pub fn load_optimizer<B: AutodiffBackend>(
     device: &B::Device,
 ) -> Result<AdamWGroups<Gpt<B>, B>, TrainError> {
     let load = |name: &str| {
-        recorder().load(dir.join(name), device).map_err(|e| TrainError::Checkpoint {
-            path: dir.join(format!("{name}.mpk")),
-            message: format!("cannot load optimizer state: {e}"),
-        })
+        recorder()
+            .load(dir.join(name), device)
+            .map_err(|e| TrainError::Checkpoint {
+                path: dir.join(format!("{name}.mpk")),
+                message: format!("cannot load optimizer state: {e}"),
+            })
     };
     Ok(optimizer.load_records(load("optim_decay")?, load("optim_no_decay")?))
 }

@@ -44,7 +44,11 @@ pub struct EvalReport {
 
 /// Evaluates `RUN_DIR`'s latest checkpoint on `batches` batches of each split (default:
 /// the run's `eval_batches`), on the run's backend unless `backend` overrides it.
-pub fn eval_run(run_dir: &Path, batches: Option<usize>, backend: Option<BackendKind>) -> Result<EvalReport, TrainError> {
+pub fn eval_run(
+    run_dir: &Path,
+    batches: Option<usize>,
+    backend: Option<BackendKind>,
+) -> Result<EvalReport, TrainError> {
     struct Task {
         run_dir: PathBuf,
         info: RunInfo,
@@ -53,24 +57,54 @@ pub fn eval_run(run_dir: &Path, batches: Option<usize>, backend: Option<BackendK
     impl BackendTask for Task {
         type Output = EvalReport;
         fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<EvalReport, TrainError> {
-            let model = self.info.load_model::<B::InnerBackend>(&self.run_dir, &device)?;
+            let model = self
+                .info
+                .load_model::<B::InnerBackend>(&self.run_dir, &device)?;
             let config = &self.info.config;
             let data_dir = config.data.clone().unwrap_or_default();
             let data = PreparedData::open(&data_dir)?;
             let sampler = WindowSampler::new(config.seed, config.model.block_size);
-            let loss = |split| evaluate(&model, &data, split, &sampler, self.batches, config.micro_batch_size, &device);
-            let step = crate::checkpoint::load_state(&crate::checkpoint::latest(&self.run_dir)?)?.step;
-            Ok(EvalReport { train_loss: loss(Split::Train)?, val_loss: loss(Split::Val)?, batches: self.batches, step })
+            let loss = |split| {
+                evaluate(
+                    &model,
+                    &data,
+                    split,
+                    &sampler,
+                    self.batches,
+                    config.micro_batch_size,
+                    &device,
+                )
+            };
+            let step =
+                crate::checkpoint::load_state(&crate::checkpoint::latest(&self.run_dir)?)?.step;
+            Ok(EvalReport {
+                train_loss: loss(Split::Train)?,
+                val_loss: loss(Split::Val)?,
+                batches: self.batches,
+                step,
+            })
         }
     }
     let info = RunInfo::read(run_dir, &[])?;
     let batches = batches.unwrap_or(info.config.eval_batches);
     let (kind, index) = (backend.unwrap_or(info.config.backend), info.config.device);
-    run_on(kind, index, Task { run_dir: run_dir.into(), info, batches })
+    run_on(
+        kind,
+        index,
+        Task {
+            run_dir: run_dir.into(),
+            info,
+            batches,
+        },
+    )
 }
 
 /// Samples text from `RUN_DIR`'s latest checkpoint (see [`generate`]).
-pub fn sample_run(run_dir: &Path, options: &SampleOptions, backend: Option<BackendKind>) -> Result<String, TrainError> {
+pub fn sample_run(
+    run_dir: &Path,
+    options: &SampleOptions,
+    backend: Option<BackendKind>,
+) -> Result<String, TrainError> {
     struct Task<'a> {
         run_dir: PathBuf,
         info: RunInfo,
@@ -79,11 +113,21 @@ pub fn sample_run(run_dir: &Path, options: &SampleOptions, backend: Option<Backe
     impl BackendTask for Task<'_> {
         type Output = String;
         fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<String, TrainError> {
-            let model = self.info.load_model::<B::InnerBackend>(&self.run_dir, &device)?;
+            let model = self
+                .info
+                .load_model::<B::InnerBackend>(&self.run_dir, &device)?;
             generate(&model, &self.info.tokenizer()?, self.options, &device)
         }
     }
     let info = RunInfo::read(run_dir, &[])?;
     let (kind, index) = (backend.unwrap_or(info.config.backend), info.config.device);
-    run_on(kind, index, Task { run_dir: run_dir.into(), info, options })
+    run_on(
+        kind,
+        index,
+        Task {
+            run_dir: run_dir.into(),
+            info,
+            options,
+        },
+    )
 }

@@ -186,16 +186,25 @@ impl RunConfig {
     /// Errors: unreadable file, bad TOML, unknown key, missing key, bad value, unknown preset —
     /// each naming the file and the key.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
         Self::from_toml_str(&text, path, overrides)
     }
 
     /// Like [`RunConfig::load`] from TOML text; `path` only names the source in errors.
-    pub fn from_toml_str(text: &str, path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
-        let mut table: toml::Table = text
-            .parse()
-            .map_err(|e: toml::de::Error| ConfigError::Syntax { path: path.into(), message: e.to_string() })?;
+    pub fn from_toml_str(
+        text: &str,
+        path: &Path,
+        overrides: &[String],
+    ) -> Result<Self, ConfigError> {
+        let mut table: toml::Table =
+            text.parse()
+                .map_err(|e: toml::de::Error| ConfigError::Syntax {
+                    path: path.into(),
+                    message: e.to_string(),
+                })?;
         for arg in overrides {
             apply_override(&mut table, arg)?;
         }
@@ -205,7 +214,9 @@ impl RunConfig {
             message,
         };
         let (model, preset_vocab) = match table.remove("model") {
-            Some(toml::Value::Table(model)) => resolve_model(model).map_err(|(k, m)| key_err(&k, m))?,
+            Some(toml::Value::Table(model)) => {
+                resolve_model(model).map_err(|(k, m)| key_err(&k, m))?
+            }
             Some(_) => return Err(key_err("model", "must be a table ([model])".into())),
             None => return Err(key_err("model", "missing: add a [model] table".into())),
         };
@@ -213,7 +224,10 @@ impl RunConfig {
         let mut config: RunConfig = serde_path_to_error::deserialize(toml::Value::Table(table))
             .map_err(|e| {
                 let key = e.path().to_string();
-                key_err(if key == "." { "(top level)" } else { &key }, e.inner().to_string())
+                key_err(
+                    if key == "." { "(top level)" } else { &key },
+                    e.inner().to_string(),
+                )
             })?;
         if config.optimizer.lr_decay_steps.is_none() {
             config.optimizer.lr_decay_steps = Some(config.max_steps);
@@ -262,31 +276,50 @@ impl RunConfig {
     }
 
     fn validate(&self) -> Result<(), (&'static str, String)> {
-        let positive = |key, v: u64| if v == 0 { Err((key, "must be at least 1, got 0".to_string())) } else { Ok(()) };
+        let positive = |key, v: u64| {
+            if v == 0 {
+                Err((key, "must be at least 1, got 0".to_string()))
+            } else {
+                Ok(())
+            }
+        };
         positive("max_steps", self.max_steps)?;
         positive("micro_batch_size", self.micro_batch_size as u64)?;
         positive("accumulation_steps", self.accumulation_steps as u64)?;
         positive("eval_batches", self.eval_batches as u64)?;
-        positive("log_every", self.log_every as u64)?;
+        positive("log_every", self.log_every)?;
         positive("keep_checkpoints", self.keep_checkpoints as u64)?;
         if !matches!(self.tokenizer.as_str(), "char" | "gpt2") {
-            return Err(("tokenizer", format!("expected \"char\" or \"gpt2\", got {:?}", self.tokenizer)));
+            return Err((
+                "tokenizer",
+                format!("expected \"char\" or \"gpt2\", got {:?}", self.tokenizer),
+            ));
         }
         let o = &self.optimizer;
         let finite_pos = |key, v: f64| {
-            if v.is_finite() && v > 0.0 { Ok(()) } else { Err((key, format!("must be a positive number, got {v}"))) }
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err((key, format!("must be a positive number, got {v}")))
+            }
         };
         finite_pos("optimizer.lr", o.lr)?;
         finite_pos("optimizer.eps", o.eps)?;
         if !(o.min_lr >= 0.0 && o.min_lr <= o.lr) {
-            return Err(("optimizer.min_lr", format!("must be in [0, lr = {}], got {}", o.lr, o.min_lr)));
+            return Err((
+                "optimizer.min_lr",
+                format!("must be in [0, lr = {}], got {}", o.lr, o.min_lr),
+            ));
         }
         for (key, beta) in [("optimizer.beta1", o.beta1), ("optimizer.beta2", o.beta2)] {
             if !(0.0..1.0).contains(&beta) {
                 return Err((key, format!("must be in [0, 1), got {beta}")));
             }
         }
-        for (key, v) in [("optimizer.weight_decay", o.weight_decay), ("optimizer.grad_clip", o.grad_clip)] {
+        for (key, v) in [
+            ("optimizer.weight_decay", o.weight_decay),
+            ("optimizer.grad_clip", o.grad_clip),
+        ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err((key, format!("must be a number ≥ 0, got {v}")));
             }
@@ -316,17 +349,33 @@ impl RunConfig {
 fn resolve_model(mut user: toml::Table) -> Result<(toml::Table, Option<usize>), (String, String)> {
     let reference = table_of(&GptConfig::preset("tiny").expect("the tiny preset exists"));
     let mut model = match user.remove("preset") {
-        None => toml::Table::new(),
+        // Burn's `Config` derive does not apply its defaults when deserializing: start from
+        // them, leaving out the sizes that have none.
+        None => {
+            let mut defaults = table_of(&GptConfig::new(1, 1, 1, 1, 1));
+            for required in ["vocab_size", "n_layer", "n_head", "d_model", "block_size"] {
+                defaults.remove(required);
+            }
+            defaults
+        }
         Some(toml::Value::String(name)) => match GptConfig::preset(&name) {
             Some(preset) => table_of(&preset),
             None => {
                 return Err((
                     "model.preset".into(),
-                    format!("unknown preset {name:?}; expected one of {:?}", ember_model::PRESETS),
+                    format!(
+                        "unknown preset {name:?}; expected one of {:?}",
+                        ember_model::PRESETS
+                    ),
                 ))
             }
         },
-        Some(other) => return Err(("model.preset".into(), format!("expected a string, got {other}"))),
+        Some(other) => {
+            return Err((
+                "model.preset".into(),
+                format!("expected a string, got {other}"),
+            ))
+        }
     };
     let explicit_vocab = user.contains_key("vocab_size");
     for (key, value) in user {
@@ -341,8 +390,14 @@ fn resolve_model(mut user: toml::Table) -> Result<(toml::Table, Option<usize>), 
     }
     let mut preset_vocab = None;
     if !explicit_vocab {
-        preset_vocab = model.get("vocab_size").and_then(toml::Value::as_integer).map(|v| v as usize);
-        model.insert("vocab_size".into(), toml::Value::Integer(VOCAB_FROM_DATA as i64));
+        preset_vocab = model
+            .get("vocab_size")
+            .and_then(toml::Value::as_integer)
+            .map(|v| v as usize);
+        model.insert(
+            "vocab_size".into(),
+            toml::Value::Integer(VOCAB_FROM_DATA as i64),
+        );
     }
     Ok((model, preset_vocab))
 }
@@ -353,11 +408,18 @@ fn table_of(config: &GptConfig) -> toml::Table {
 
 /// Applies one `key=value` override to the raw TOML table.
 fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError> {
-    let set_err = |message: &str| ConfigError::Set { arg: arg.into(), message: message.into() };
-    let (key, raw) = arg.split_once('=').ok_or_else(|| set_err("expected key=value, e.g. max_steps=100"))?;
+    let set_err = |message: &str| ConfigError::Set {
+        arg: arg.into(),
+        message: message.into(),
+    };
+    let (key, raw) = arg
+        .split_once('=')
+        .ok_or_else(|| set_err("expected key=value, e.g. max_steps=100"))?;
     let key = key.trim();
     if key.is_empty() || key.split('.').any(str::is_empty) {
-        return Err(set_err("empty key; expected a dotted key such as optimizer.lr"));
+        return Err(set_err(
+            "empty key; expected a dotted key such as optimizer.lr",
+        ));
     }
     // A TOML value if it parses as one (numbers, booleans, quoted strings, arrays), else a string.
     let value = format!("v = {raw}")
@@ -405,22 +467,48 @@ lr = 1e-3
         assert_eq!(c.model.n_layer, 3);
         assert_eq!(c.model.d_model, 32);
         c.resolve_vocab(50).unwrap();
-        assert_eq!(c.model.vocab_size, 64, "the preset's vocabulary holds the data's");
+        assert_eq!(
+            c.model.vocab_size, 64,
+            "the preset's vocabulary holds the data's"
+        );
         assert_eq!(c.optimizer.lr_decay_steps, Some(10));
         assert_eq!(c.seed, 1337);
     }
 
     #[test]
     fn set_overrides_stable_keys_and_nested_ones() {
-        let c = load(BASE, &["max_steps=7", "seed=3", "eval_every=2", "eval_batches=4", "checkpoint_every=5", "optimizer.lr=0.01", "model.dropout=0.1"]).unwrap();
-        assert_eq!((c.max_steps, c.seed, c.eval_every, c.eval_batches, c.checkpoint_every), (7, 3, 2, 4, 5));
+        let c = load(
+            BASE,
+            &[
+                "max_steps=7",
+                "seed=3",
+                "eval_every=2",
+                "eval_batches=4",
+                "checkpoint_every=5",
+                "optimizer.lr=0.01",
+                "model.dropout=0.1",
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                c.max_steps,
+                c.seed,
+                c.eval_every,
+                c.eval_batches,
+                c.checkpoint_every
+            ),
+            (7, 3, 2, 4, 5)
+        );
         assert_eq!(c.optimizer.lr, 0.01);
         assert_eq!(c.model.dropout, 0.1);
     }
 
     #[test]
     fn unknown_top_level_key_names_file_and_key() {
-        let err = load(&format!("max_step = 3\n{BASE}"), &[]).unwrap_err().to_string();
+        let err = load(&format!("max_step = 3\n{BASE}"), &[])
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("run.toml: "), "{err}");
         assert!(err.contains("unknown field `max_step`"), "{err}");
     }
@@ -429,28 +517,51 @@ lr = 1e-3
     fn unknown_model_and_optimizer_keys_are_errors() {
         let err = load(BASE, &["model.n_heads=2"]).unwrap_err().to_string();
         assert!(err.contains("key `model.n_heads`: unknown key"), "{err}");
-        let err = load(BASE, &["optimizer.learning_rate=2"]).unwrap_err().to_string();
-        assert!(err.contains("optimizer") && err.contains("learning_rate"), "{err}");
+        let err = load(BASE, &["optimizer.learning_rate=2"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("optimizer") && err.contains("learning_rate"),
+            "{err}"
+        );
     }
 
     #[test]
     fn bad_values_name_the_key() {
-        let err = load(BASE, &["micro_batch_size=\"four\""]).unwrap_err().to_string();
+        let err = load(BASE, &["micro_batch_size=\"four\""])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("key `micro_batch_size`"), "{err}");
         let err = load(BASE, &["model.n_head=5"]).unwrap_err().to_string();
-        assert!(err.contains("key `d_model`") && err.contains("divisible by n_head (5)"), "{err}");
+        assert!(
+            err.contains("key `d_model`") && err.contains("divisible by n_head (5)"),
+            "{err}"
+        );
         let err = load(BASE, &["optimizer.min_lr=1"]).unwrap_err().to_string();
         assert!(err.contains("key `optimizer.min_lr`"), "{err}");
-        let err = load(BASE, &["model.preset=\"gpt9\""]).unwrap_err().to_string();
-        assert!(err.contains("key `model.preset`") && err.contains("gpt9"), "{err}");
-        let err = load("max_steps = 1\nmicro_batch_size = 1\n", &[]).unwrap_err().to_string();
+        let err = load(BASE, &["model.preset=\"gpt9\""])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("key `model.preset`") && err.contains("gpt9"),
+            "{err}"
+        );
+        let err = load("max_steps = 1\nmicro_batch_size = 1\n", &[])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("key `model`: missing"), "{err}");
     }
 
     #[test]
     fn malformed_set_and_toml_are_errors() {
-        assert!(matches!(load(BASE, &["max_steps"]), Err(ConfigError::Set { .. })));
-        assert!(matches!(load("max_steps = = 3", &[]), Err(ConfigError::Syntax { .. })));
+        assert!(matches!(
+            load(BASE, &["max_steps"]),
+            Err(ConfigError::Set { .. })
+        ));
+        assert!(matches!(
+            load("max_steps = = 3", &[]),
+            Err(ConfigError::Syntax { .. })
+        ));
     }
 
     #[test]
@@ -459,11 +570,29 @@ lr = 1e-3
         let mut c = load(text, &[]).unwrap();
         c.resolve_vocab(66).unwrap();
         assert_eq!(c.model.vocab_size, 66);
+        assert_eq!(
+            (c.model.dropout, c.model.bias, c.model.tie_embeddings),
+            (0.0, true, true),
+            "Burn's defaults"
+        );
+        let err = load(
+            "max_steps = 1\nmicro_batch_size = 1\n[model]\nn_layer = 1\n",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("key `model`") && err.contains("missing field"),
+            "{err}"
+        );
         let mut small = load(BASE, &["model.vocab_size=10"]).unwrap();
         assert!(small.resolve_vocab(66).is_err());
         let mut preset_too_small = load(BASE, &[]).unwrap();
         preset_too_small.resolve_vocab(66).unwrap();
-        assert_eq!(preset_too_small.model.vocab_size, 66, "data's vocabulary when the preset's is smaller");
+        assert_eq!(
+            preset_too_small.model.vocab_size, 66,
+            "data's vocabulary when the preset's is smaller"
+        );
         let mut gpt2 = load(BASE, &["model.preset=\"gpt2\""]).unwrap();
         gpt2.resolve_vocab(50257).unwrap();
         assert_eq!(gpt2.model.vocab_size, 50304, "GPT-2's padded vocabulary");

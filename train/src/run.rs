@@ -83,7 +83,12 @@ pub fn open_data(config: &mut RunConfig, run_dir: &Path) -> Result<PreparedData,
         let out = run_dir.join("data");
         if !out.join("meta.json").exists() {
             let tokenizer: TokenizerKind = config.tokenizer.parse()?;
-            ember_data::prepare(&PrepareOptions { tokenizer, inputs: vec![given], out: out.clone(), val_fraction: 0.1 })?;
+            ember_data::prepare(&PrepareOptions {
+                tokenizer,
+                inputs: vec![given],
+                out: out.clone(),
+                val_fraction: 0.1,
+            })?;
         }
         out
     } else {
@@ -104,7 +109,12 @@ pub fn train<B: AutodiffBackend>(
     device: B::Device,
     log: &mut dyn FnMut(&str),
 ) -> Result<RunSummary, TrainError> {
-    let RunOptions { mut config, run_dir, resume, stop } = options;
+    let RunOptions {
+        mut config,
+        run_dir,
+        resume,
+        stop,
+    } = options;
     let session = Instant::now();
     fs::create_dir_all(&run_dir).map_err(TrainError::io(&run_dir))?;
     if !resume {
@@ -113,7 +123,11 @@ pub fn train<B: AutodiffBackend>(
     let data = open_data(&mut config, &run_dir)?;
     config
         .resolve_vocab(data.meta.vocab_size)
-        .map_err(|(key, message)| ConfigError::Key { path: run_dir.join(files::CONFIG), key: key.into(), message })?;
+        .map_err(|(key, message)| ConfigError::Key {
+            path: run_dir.join(files::CONFIG),
+            key: key.into(),
+            message,
+        })?;
     let model_err = |e: ember_model::ConfigError| ConfigError::Key {
         path: run_dir.join(files::CONFIG),
         key: format!("model.{}", e.field),
@@ -140,7 +154,11 @@ pub fn train<B: AutodiffBackend>(
         model = checkpoint::load_model(&dir, model, &device)?;
         optimizer = checkpoint::load_optimizer(&dir, optimizer, &device)?;
         metrics::truncate_after(&run_dir.join(files::METRICS), state.step)?;
-        log(&format!("resumed from {} (step {})", dir.display(), state.step));
+        log(&format!(
+            "resumed from {} (step {})",
+            dir.display(),
+            state.step
+        ));
     }
     write_atomic(&run_dir.join(files::CONFIG), config.to_toml().as_bytes())?;
     let meta_json = serde_json::to_vec_pretty(&data.meta).expect("meta serializes");
@@ -181,7 +199,15 @@ pub fn train<B: AutodiffBackend>(
     let elapsed = |state: &TrainState| state.elapsed_s + session.elapsed().as_secs_f64();
     let mut final_val_loss = None;
     let val_loss = |model: &Gpt<B>| {
-        evaluate(&model.valid(), &data, Split::Val, &sampler, config.eval_batches, config.micro_batch_size, &device)
+        evaluate(
+            &model.valid(),
+            &data,
+            Split::Val,
+            &sampler,
+            config.eval_batches,
+            config.micro_batch_size,
+            &device,
+        )
     };
     if state.step == 0 && config.eval_every > 0 {
         let record = EvalRecord::new(0, val_loss(&model)?, elapsed(&state));
@@ -197,11 +223,28 @@ pub fn train<B: AutodiffBackend>(
     for step in start_step + 1..=config.max_steps {
         let started = Instant::now();
         let micro_batches = (0..config.accumulation_steps as u32)
-            .map(|micro| sampler.batch(&data.train, Split::Train, step, micro, 0, config.micro_batch_size))
+            .map(|micro| {
+                sampler.batch(
+                    &data.train,
+                    Split::Train,
+                    step,
+                    micro,
+                    0,
+                    config.micro_batch_size,
+                )
+            })
             .collect::<Result<Vec<_>, _>>()?;
         B::seed(&device, step_seed(config.seed, step));
         let lr = schedule.lr(step);
-        let (next, out) = train_step(model, &mut optimizer, &micro_batches, step, lr, config.optimizer.grad_clip, &device)?;
+        let (next, out) = train_step(
+            model,
+            &mut optimizer,
+            &micro_batches,
+            step,
+            lr,
+            config.optimizer.grad_clip,
+            &device,
+        )?;
         model = next;
         state.step = step;
         state.next_data_step = step + 1;
@@ -250,12 +293,21 @@ pub fn train<B: AutodiffBackend>(
         if due(config.checkpoint_every) || last {
             let mut saved = state.clone();
             saved.elapsed_s = elapsed(&state);
-            let dir = checkpoint::save(&run_dir, &saved, &model, &optimizer, config.keep_checkpoints)?;
+            let dir = checkpoint::save(
+                &run_dir,
+                &saved,
+                &model,
+                &optimizer,
+                config.keep_checkpoints,
+            )?;
             write_atomic(&dir.join(files::CONFIG), config.to_toml().as_bytes())?;
             log(&format!("checkpoint {}", dir.display()));
         }
         if stop_now && step < config.max_steps {
-            log(&format!("stopped after step {step}; continue with `ember train --resume {}`", run_dir.display()));
+            log(&format!(
+                "stopped after step {step}; continue with `ember train --resume {}`",
+                run_dir.display()
+            ));
             stopped_early = true;
             break;
         }
@@ -273,16 +325,29 @@ pub fn train<B: AutodiffBackend>(
 fn ensure_fresh(run_dir: &Path) -> Result<(), TrainError> {
     for name in ["checkpoints", files::METRICS] {
         if run_dir.join(name).exists() {
-            return Err(TrainError::RunDirTaken { path: run_dir.into(), found: name.into() });
+            return Err(TrainError::RunDirTaken {
+                path: run_dir.into(),
+                found: name.into(),
+            });
         }
     }
     Ok(())
 }
 
 /// The model and seed of a resumed run must be the checkpoint's, and so must the data.
-fn check_resumable(config: &RunConfig, state: &TrainState, dir: &Path, data_tokens: (u64, u64)) -> Result<(), TrainError> {
+fn check_resumable(
+    config: &RunConfig,
+    state: &TrainState,
+    dir: &Path,
+    data_tokens: (u64, u64),
+) -> Result<(), TrainError> {
     let saved = RunConfig::load(&dir.join(files::CONFIG), &[])?;
-    let mismatch = |message: String| Err(TrainError::Checkpoint { path: dir.into(), message });
+    let mismatch = |message: String| {
+        Err(TrainError::Checkpoint {
+            path: dir.into(),
+            message,
+        })
+    };
     if saved.model != config.model {
         return mismatch(format!(
             "the model cannot change when resuming: checkpoint has {:?}, config has {:?}",

@@ -50,13 +50,21 @@ impl RunInfo {
     /// The model of the latest checkpoint, on `device`.
     ///
     /// Errors: no checkpoint, or weights that do not fit the configured model.
-    pub fn load_model<B: Backend>(&self, run_dir: &Path, device: &B::Device) -> Result<Gpt<B>, TrainError> {
+    pub fn load_model<B: Backend>(
+        &self,
+        run_dir: &Path,
+        device: &B::Device,
+    ) -> Result<Gpt<B>, TrainError> {
         let dir = checkpoint::latest(run_dir)?;
-        let model = self.config.model.init(device).map_err(|e| ConfigError::Key {
-            path: run_dir.join(files::CONFIG),
-            key: format!("model.{}", e.field),
-            message: e.message,
-        })?;
+        let model = self
+            .config
+            .model
+            .init(device)
+            .map_err(|e| ConfigError::Key {
+                path: run_dir.join(files::CONFIG),
+                key: format!("model.{}", e.field),
+                message: e.message,
+            })?;
         checkpoint::load_model(&dir, model, device)
     }
 }

@@ -42,7 +42,10 @@ pub fn flat_grads<M: AutodiffModule<B>>(module: &M, grads: &GradientsParams) -> 
     struct Collect<'a>(&'a GradientsParams, Vec<Vec<f32>>);
     impl ModuleVisitor<B> for Collect<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let grad = self.0.get::<<B as AutodiffBackend>::InnerBackend, D>(param.id).expect("every parameter has a gradient");
+            let grad = self
+                .0
+                .get::<<B as AutodiffBackend>::InnerBackend, D>(param.id)
+                .expect("every parameter has a gradient");
             self.1.push(grad.into_data().to_vec().unwrap());
         }
     }
@@ -68,7 +71,13 @@ pub fn prepared_corpus(dir: &Path) -> PathBuf {
     let input = dir.join("corpus.txt");
     std::fs::write(&input, text).unwrap();
     let out = dir.join("data");
-    prepare(&PrepareOptions { tokenizer: TokenizerKind::Char, inputs: vec![input], out: out.clone(), val_fraction: 0.1 }).unwrap();
+    prepare(&PrepareOptions {
+        tokenizer: TokenizerKind::Char,
+        inputs: vec![input],
+        out: out.clone(),
+        val_fraction: 0.1,
+    })
+    .unwrap();
     out
 }
 

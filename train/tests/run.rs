@@ -11,7 +11,12 @@ use ember_train::metrics::{read_records, Record};
 use ember_train::{train, RunConfig, RunOptions, RunSummary};
 
 fn run(config: RunConfig, run_dir: &Path, resume: bool, stop: Arc<AtomicBool>) -> RunSummary {
-    let options = RunOptions { config, run_dir: run_dir.into(), resume, stop };
+    let options = RunOptions {
+        config,
+        run_dir: run_dir.into(),
+        resume,
+        stop,
+    };
     train::<B>(options, Default::default(), &mut |_| {}).unwrap()
 }
 
@@ -19,8 +24,11 @@ fn fresh(config: RunConfig, run_dir: &Path) -> RunSummary {
     run(config, run_dir, false, Arc::default())
 }
 
+/// (step, loss) pairs.
+type Curve = Vec<(u64, f64)>;
+
 /// (step, loss) of every training record, and (step, val_loss) of every evaluation.
-fn trajectory(run_dir: &Path) -> (Vec<(u64, f64)>, Vec<(u64, f64)>) {
+fn trajectory(run_dir: &Path) -> (Curve, Curve) {
     let mut train = Vec::new();
     let mut eval = Vec::new();
     for record in read_records(&run_dir.join("metrics.jsonl")).unwrap() {
@@ -40,7 +48,11 @@ fn same_seed_gives_identical_loss_trajectory() {
     fresh(tiny_config(&data, &[]), &dir.path().join("a"));
     fresh(tiny_config(&data, &[]), &dir.path().join("b"));
     fresh(tiny_config(&data, &["seed=7"]), &dir.path().join("c"));
-    let (a, b, c) = (trajectory(&dir.path().join("a")), trajectory(&dir.path().join("b")), trajectory(&dir.path().join("c")));
+    let (a, b, c) = (
+        trajectory(&dir.path().join("a")),
+        trajectory(&dir.path().join("b")),
+        trajectory(&dir.path().join("c")),
+    );
     assert_eq!(a.0.len(), 6);
     assert_eq!(a, b, "same seed, same losses bit for bit");
     assert_ne!(a.0, c.0, "another seed gives other losses");
@@ -77,7 +89,11 @@ fn resuming_an_older_checkpoint_rewrites_the_metrics_after_it() {
     std::fs::write(run_dir.join("checkpoints/latest"), "step-00000003").unwrap();
     let config = RunConfig::load(&run_dir.join("config.toml"), &[]).unwrap();
     run(config, &run_dir, true, Arc::default());
-    assert_eq!(trajectory(&run_dir), before, "steps 4–6 redone once, identically");
+    assert_eq!(
+        trajectory(&run_dir),
+        before,
+        "steps 4–6 redone once, identically"
+    );
 }
 
 #[test]
@@ -86,7 +102,12 @@ fn a_stop_request_checkpoints_and_the_run_resumes_from_there() {
     let dir = tempfile::tempdir().unwrap();
     let data = prepared_corpus(dir.path());
     let run_dir = dir.path().join("run");
-    let summary = run(tiny_config(&data, &[]), &run_dir, false, Arc::new(AtomicBool::new(true)));
+    let summary = run(
+        tiny_config(&data, &[]),
+        &run_dir,
+        false,
+        Arc::new(AtomicBool::new(true)),
+    );
     assert!(summary.stopped_early);
     assert_eq!(summary.steps, 1);
     let latest = std::fs::read_to_string(run_dir.join("checkpoints/latest")).unwrap();
@@ -102,9 +123,19 @@ fn a_new_run_refuses_a_directory_that_holds_one() {
     let data = prepared_corpus(dir.path());
     let run_dir = dir.path().join("run");
     fresh(tiny_config(&data, &["max_steps=1"]), &run_dir);
-    let options = RunOptions { config: tiny_config(&data, &[]), run_dir: run_dir.clone(), resume: false, stop: Arc::default() };
-    let err = train::<B>(options, Default::default(), &mut |_| {}).unwrap_err().to_string();
-    assert!(err.contains("already holds a run") && err.contains("--resume"), "{err}");
+    let options = RunOptions {
+        config: tiny_config(&data, &[]),
+        run_dir: run_dir.clone(),
+        resume: false,
+        stop: Arc::default(),
+    };
+    let err = train::<B>(options, Default::default(), &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("already holds a run") && err.contains("--resume"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -114,8 +145,16 @@ fn resuming_with_another_model_is_an_error() {
     let data = prepared_corpus(dir.path());
     let run_dir = dir.path().join("run");
     fresh(tiny_config(&data, &["max_steps=1"]), &run_dir);
-    let config = RunConfig::load(&run_dir.join("config.toml"), &["model.n_layer=3".into()]).unwrap();
-    let options = RunOptions { config, run_dir, resume: true, stop: Arc::default() };
-    let err = train::<B>(options, Default::default(), &mut |_| {}).unwrap_err().to_string();
+    let config =
+        RunConfig::load(&run_dir.join("config.toml"), &["model.n_layer=3".into()]).unwrap();
+    let options = RunOptions {
+        config,
+        run_dir,
+        resume: true,
+        stop: Arc::default(),
+    };
+    let err = train::<B>(options, Default::default(), &mut |_| {})
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("model cannot change"), "{err}");
 }

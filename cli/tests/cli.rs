@@ -1,0 +1,318 @@
+//! The `ember` binary used as a user would: separate processes, files on disk.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn ember(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("ember runs")
+}
+
+fn ok(args: &[&str], cwd: &Path) -> String {
+    let out = ember(args, cwd);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "ember {args:?} failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    stdout.into_owned()
+}
+
+/// Exit status 1 (an error, not a panic's 101) and stderr.
+fn fails(args: &[&str], cwd: &Path) -> String {
+    let out = ember(args, cwd);
+    assert_eq!(out.status.code(), Some(1), "ember {args:?}: {out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
+const CONFIG: &str = r#"
+data = "prepared"
+max_steps = 6
+micro_batch_size = 4
+eval_every = 3
+eval_batches = 2
+checkpoint_every = 3
+log_every = 1
+[model]
+preset = "tiny"
+dropout = 0.1
+[optimizer]
+lr = 3e-3
+min_lr = 3e-4
+warmup_steps = 2
+lr_decay_steps = 6
+"#;
+
+/// A work directory with a prepared char corpus (`prepared/`) and `tiny.toml`.
+fn workdir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let text: String = (0..150)
+        .map(|i| format!("ALICE:\nLine {i} of the play, said she.\n\n"))
+        .collect();
+    std::fs::write(dir.path().join("corpus.txt"), text).unwrap();
+    std::fs::write(dir.path().join("tiny.toml"), CONFIG).unwrap();
+    ok(
+        &[
+            "prepare",
+            "--tokenizer",
+            "char",
+            "--input",
+            "corpus.txt",
+            "--out",
+            "prepared",
+        ],
+        dir.path(),
+    );
+    dir
+}
+
+fn losses(run_dir: PathBuf) -> Vec<(u64, String, f64)> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            let kind = v["kind"].as_str().unwrap().to_string();
+            let loss = v
+                .get("loss")
+                .or_else(|| v.get("val_loss"))
+                .unwrap()
+                .as_f64()
+                .unwrap();
+            (v["step"].as_u64().unwrap(), kind, loss)
+        })
+        .collect()
+}
+
+#[test]
+fn six_steps_equal_three_steps_then_resume_in_a_new_process() {
+    let dir = workdir();
+    let w = dir.path();
+    ok(
+        &["train", "--config", "tiny.toml", "--run-dir", "straight"],
+        w,
+    );
+    ok(
+        &[
+            "train",
+            "--config",
+            "tiny.toml",
+            "--run-dir",
+            "split",
+            "--set",
+            "max_steps=3",
+        ],
+        w,
+    );
+    let resumed = ok(&["train", "--resume", "split", "--set", "max_steps=6"], w);
+    assert!(resumed.contains("resumed from"), "{resumed}");
+    let (straight, split) = (losses(w.join("straight")), losses(w.join("split")));
+    assert_eq!(straight.iter().filter(|r| r.1 == "train").count(), 6);
+    assert_eq!(straight, split, "bit-identical losses after resuming");
+}
+
+#[test]
+fn train_prints_the_batch_the_census_and_one_line_per_step() {
+    let dir = workdir();
+    let out = ok(
+        &[
+            "train",
+            "--config",
+            "tiny.toml",
+            "--run-dir",
+            "run",
+            "--set",
+            "max_steps=2",
+            "--set",
+            "accumulation_steps=2",
+        ],
+        dir.path(),
+    );
+    assert!(
+        out.contains("global batch: 8 sequences × 16 tokens = 128 tokens per optimizer step"),
+        "{out}"
+    );
+    assert!(out.contains("weight decay on 10 tensors"), "{out}");
+    assert!(
+        out.contains("step      1 | loss ") && out.contains("step      2 | loss "),
+        "{out}"
+    );
+    assert!(out.contains("eval      2 | val loss"), "{out}");
+}
+
+#[test]
+fn eval_and_sample_use_the_latest_checkpoint() {
+    let dir = workdir();
+    let w = dir.path();
+    ok(
+        &[
+            "train",
+            "--config",
+            "tiny.toml",
+            "--run-dir",
+            "run",
+            "--set",
+            "max_steps=2",
+        ],
+        w,
+    );
+    let eval = ok(&["eval", "--run", "run"], w);
+    assert!(
+        eval.starts_with("step 2: train loss ") && eval.contains("val loss"),
+        "{eval}"
+    );
+    let args = [
+        "sample",
+        "--run",
+        "run",
+        "--prompt",
+        "ALICE:",
+        "--max-new-tokens",
+        "40",
+        "--seed",
+        "3",
+    ];
+    let a = ok(&args, w);
+    assert!(a.starts_with("ALICE:"), "{a}");
+    // One character per generated token (the end-of-text token prints as one marker).
+    let generated = a.trim_end_matches('\n').replace("<|endoftext|>", "¶");
+    assert_eq!(generated.chars().count(), "ALICE:".len() + 40, "{a:?}");
+    assert_eq!(a, ok(&args, w), "same seed, same text");
+    let greedy = [
+        "sample",
+        "--run",
+        "run",
+        "--prompt",
+        "A",
+        "--max-new-tokens",
+        "10",
+        "--temperature",
+        "0",
+    ];
+    assert_eq!(ok(&greedy, w), ok(&greedy, w));
+}
+
+#[test]
+fn config_errors_name_the_file_and_the_key() {
+    let dir = workdir();
+    let w = dir.path();
+    std::fs::write(w.join("typo.toml"), CONFIG.replace("max_steps", "max_step")).unwrap();
+    let err = fails(&["train", "--config", "typo.toml"], w);
+    assert!(
+        err.contains("typo.toml") && err.contains("unknown field `max_step`"),
+        "{err}"
+    );
+    let err = fails(
+        &["train", "--config", "tiny.toml", "--set", "model.n_head=3"],
+        w,
+    );
+    assert!(
+        err.contains("tiny.toml") && err.contains("divisible by n_head (3)"),
+        "{err}"
+    );
+    let err = fails(
+        &["train", "--config", "tiny.toml", "--set", "optimizer.lr=-1"],
+        w,
+    );
+    assert!(err.contains("key `optimizer.lr`"), "{err}");
+}
+
+#[test]
+fn missing_inputs_are_errors_not_panics() {
+    let dir = workdir();
+    let w = dir.path();
+    let err = fails(
+        &[
+            "prepare",
+            "--tokenizer",
+            "char",
+            "--input",
+            "nope.txt",
+            "--out",
+            "x",
+        ],
+        w,
+    );
+    assert!(err.contains("nope.txt"), "{err}");
+    let err = fails(
+        &["train", "--config", "tiny.toml", "--data", "missing-dir"],
+        w,
+    );
+    assert!(err.contains("missing-dir"), "{err}");
+    let err = fails(&["train", "--resume", "no-such-run"], w);
+    assert!(err.contains("no-such-run"), "{err}");
+    let err = fails(&["sample", "--run", "no-such-run"], w);
+    assert!(err.contains("not a run directory"), "{err}");
+}
+
+#[test]
+fn a_prompt_outside_the_vocabulary_is_an_error() {
+    let dir = workdir();
+    let w = dir.path();
+    ok(
+        &[
+            "train",
+            "--config",
+            "tiny.toml",
+            "--run-dir",
+            "run",
+            "--set",
+            "max_steps=1",
+        ],
+        w,
+    );
+    let err = fails(&["sample", "--run", "run", "--prompt", "Zebra€"], w);
+    assert!(err.contains('€') || err.contains('Z'), "{err}");
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn asking_for_cuda_in_a_cpu_build_is_a_clear_error() {
+    let dir = workdir();
+    let err = fails(
+        &[
+            "train",
+            "--config",
+            "tiny.toml",
+            "--set",
+            "backend=\"cuda\"",
+        ],
+        dir.path(),
+    );
+    assert!(err.contains("built without CUDA support"), "{err}");
+}
+
+#[test]
+fn a_text_file_as_data_is_prepared_into_the_run() {
+    let dir = workdir();
+    let w = dir.path();
+    ok(
+        &[
+            "train",
+            "--config",
+            "tiny.toml",
+            "--data",
+            "corpus.txt",
+            "--run-dir",
+            "run",
+            "--set",
+            "max_steps=1",
+        ],
+        w,
+    );
+    assert!(w.join("run/data/meta.json").exists());
+    let config = std::fs::read_to_string(w.join("run/config.toml")).unwrap();
+    assert!(
+        config.contains("run/data"),
+        "the resolved config names the prepared directory: {config}"
+    );
+}
