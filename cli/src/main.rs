@@ -8,8 +8,11 @@ mod train;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use burn::backend::{Autodiff, Flex};
 use clap::{Parser, Subcommand};
+use ember_train::commands::ExportFormat;
 use ember_train::sample::SampleOptions;
+use ember_train::trained::Source;
 use ember_train::BackendKind;
 
 #[derive(Parser)]
@@ -29,11 +32,10 @@ enum Command {
     Prepare(prepare::PrepareArgs),
     /// Train a model from a TOML config, or resume a run.
     Train(train::TrainArgs),
-    /// Evaluate a run's latest checkpoint on its train and validation splits.
+    /// Evaluate a run's latest checkpoint (or a config's init_from weights) on the train and validation splits.
     Eval {
-        /// The run directory.
-        #[arg(long = "run", value_name = "RUN_DIR")]
-        run: PathBuf,
+        #[command(flatten)]
+        source: SourceArgs,
         /// Batches per split (default: the run's eval_batches).
         #[arg(long)]
         batches: Option<usize>,
@@ -41,11 +43,10 @@ enum Command {
         #[arg(long, value_parser = parse_backend)]
         backend: Option<BackendKind>,
     },
-    /// Generate text from a run's latest checkpoint.
+    /// Generate text from a run's latest checkpoint (or a config's init_from weights).
     Sample {
-        /// The run directory.
-        #[arg(long = "run", value_name = "RUN_DIR")]
-        run: PathBuf,
+        #[command(flatten)]
+        source: SourceArgs,
         /// Text to continue (empty: start from the end-of-text token).
         #[arg(long, default_value = "")]
         prompt: String,
@@ -61,10 +62,56 @@ enum Command {
         /// Seed of the sampler.
         #[arg(long, default_value_t = 1337)]
         seed: u64,
+        /// Recompute the whole context for every token instead of using the KV cache.
+        #[arg(long)]
+        no_cache: bool,
         /// Override the run's backend.
         #[arg(long, value_parser = parse_backend)]
         backend: Option<BackendKind>,
     },
+    /// Write a run's latest weights in another format (Hugging Face safetensors).
+    Export {
+        /// The run directory.
+        #[arg(long = "run", value_name = "RUN_DIR")]
+        run: PathBuf,
+        /// hf-gpt2 (GPT2LMHeadModel) or hf-llama (LlamaForCausalLM).
+        #[arg(long)]
+        format: ExportFormat,
+        /// Output file (model.safetensors).
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
+    /// Check numerical parity with a PyTorch fixture (init weights, batch, expected numbers).
+    Verify {
+        /// Directory with init.safetensors, batch.json and expected.json.
+        #[arg(long, value_name = "DIR")]
+        fixture: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Where `eval` and `sample` take the weights from.
+#[derive(clap::Args)]
+#[group(required = true, multiple = false)]
+struct SourceArgs {
+    /// A run directory (its latest checkpoint).
+    #[arg(long = "run", value_name = "RUN_DIR")]
+    run: Option<PathBuf>,
+    /// A run config whose `init_from` names Hugging Face weights.
+    #[arg(long = "config", value_name = "FILE.toml")]
+    config: Option<PathBuf>,
+}
+
+impl SourceArgs {
+    fn source(self) -> Source {
+        match (self.run, self.config) {
+            (Some(run), _) => Source::Run(run),
+            (None, Some(config)) => Source::Config(config),
+            (None, None) => unreachable!("clap requires --run or --config"),
+        }
+    }
 }
 
 fn parse_backend(s: &str) -> Result<BackendKind, String> {
@@ -80,11 +127,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Prepare(args) => prepare::run(args),
         Command::Train(args) => train::run(args),
         Command::Eval {
-            run,
+            source,
             batches,
             backend,
         } => {
-            let report = ember_train::commands::eval_run(&run, batches, backend)?;
+            let report = ember_train::commands::eval_run(source.source(), batches, backend)?;
             println!(
                 "step {}: train loss {:.4} (ppl {:.2}), val loss {:.4} (ppl {:.2}) over {} batches each",
                 report.step,
@@ -97,12 +144,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Sample {
-            run,
+            source,
             prompt,
             max_new_tokens,
             temperature,
             top_k,
             seed,
+            no_cache,
             backend,
         } => {
             let options = SampleOptions {
@@ -111,11 +159,34 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 temperature,
                 top_k: (top_k > 0).then_some(top_k),
                 seed,
+                use_cache: !no_cache,
             };
             println!(
                 "{}",
-                ember_train::commands::sample_run(&run, &options, backend)?
+                ember_train::commands::sample_run(source.source(), &options, backend)?
             );
+            Ok(())
+        }
+        Command::Export { run, format, out } => {
+            let out = ember_train::commands::export_run(&run, format, &out)?;
+            println!("wrote {}", out.display());
+            Ok(())
+        }
+        Command::Verify { fixture, json } => {
+            let report =
+                ember_train::verify::verify::<Autodiff<Flex>>(&fixture, &Default::default())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!("{report}");
+            }
+            if !report.ok {
+                let failed = report.checks.iter().filter(|c| !c.ok).count();
+                anyhow::bail!(
+                    "{failed} of {} checks beyond tolerance",
+                    report.checks.len()
+                );
+            }
             Ok(())
         }
     }
@@ -125,8 +196,22 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", message(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, each cause once: Ember's errors already name their cause in
+/// their message, which a plain `{:#}` would print twice.
+fn message(error: &anyhow::Error) -> String {
+    let mut text = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
 }

@@ -85,14 +85,11 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         .map(|v| format!("val loss {v:.4} (ppl {:.2})", v.exp()))
         .unwrap_or_else(|| "no evaluation".into());
     println!(
-        "{} after step {}: {val}; {:.1} s, {:.0} tokens/s; run directory {}",
-        if summary.stopped_early {
-            "stopped"
-        } else {
-            "done"
-        },
+        "{} after step {}: {val}; {:.1} s this session ({:.1} s in all), {:.0} tokens/s; run directory {}",
+        if summary.stopped_early { "stopped" } else { "done" },
         summary.steps,
         summary.wall_s,
+        summary.elapsed_s,
         summary.tokens_per_sec,
         run_dir.display()
     );

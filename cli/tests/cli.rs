@@ -316,3 +316,197 @@ fn a_text_file_as_data_is_prepared_into_the_run() {
         "the resolved config names the prepared directory: {config}"
     );
 }
+
+#[test]
+fn exported_weights_start_a_new_run_exactly_where_the_old_one_ended() {
+    let dir = workdir();
+    let w = dir.path();
+    ok(
+        &[
+            "train",
+            "--config",
+            "tiny.toml",
+            "--run-dir",
+            "run",
+            "--set",
+            "max_steps=3",
+        ],
+        w,
+    );
+    let out = ok(
+        &[
+            "export",
+            "--run",
+            "run",
+            "--format",
+            "hf-gpt2",
+            "--out",
+            "model.safetensors",
+        ],
+        w,
+    );
+    assert!(out.contains("wrote model.safetensors"), "{out}");
+    let err = fails(
+        &[
+            "export",
+            "--run",
+            "run",
+            "--format",
+            "hf-llama",
+            "--out",
+            "x.safetensors",
+        ],
+        w,
+    );
+    assert!(err.contains("--format hf-gpt2"), "{err}");
+
+    // Fine-tuning from the exported file: the new run's step-0 evaluation equals the old run's last.
+    ok(
+        &[
+            "train",
+            "--config",
+            "tiny.toml",
+            "--run-dir",
+            "tuned",
+            "--set",
+            "max_steps=1",
+            "--set",
+            "init_from=\"model.safetensors\"",
+        ],
+        w,
+    );
+    let last_eval = |run: &str| {
+        losses(w.join(run))
+            .into_iter()
+            .filter(|r| r.1 == "eval")
+            .map(|r| (r.0, r.2))
+            .collect::<Vec<_>>()
+    };
+    let (old, new) = (last_eval("run"), last_eval("tuned"));
+    assert_eq!(old.last().unwrap().1, new[0].1, "old {old:?} new {new:?}");
+    assert_eq!(new[0].0, 0);
+
+    // The same weights through a config's init_from: eval and sample without a run directory.
+    std::fs::write(
+        w.join("from_hf.toml"),
+        format!("init_from = \"model.safetensors\"\n{CONFIG}"),
+    )
+    .unwrap();
+    let eval_run = ok(&["eval", "--run", "run"], w);
+    let eval_cfg = ok(&["eval", "--config", "from_hf.toml"], w);
+    assert_eq!(
+        eval_run.replace("step 3", ""),
+        eval_cfg.replace("step 0", ""),
+        "{eval_run} vs {eval_cfg}"
+    );
+    let text = ok(
+        &[
+            "sample",
+            "--config",
+            "from_hf.toml",
+            "--prompt",
+            "ALICE",
+            "--max-new-tokens",
+            "5",
+            "--temperature",
+            "0",
+        ],
+        w,
+    );
+    assert_eq!(
+        text,
+        ok(
+            &[
+                "sample",
+                "--run",
+                "run",
+                "--prompt",
+                "ALICE",
+                "--max-new-tokens",
+                "5",
+                "--temperature",
+                "0"
+            ],
+            w
+        )
+    );
+}
+
+#[test]
+fn sampling_with_and_without_the_kv_cache_gives_the_same_text() {
+    let dir = workdir();
+    let w = dir.path();
+    ok(
+        &[
+            "train",
+            "--config",
+            "tiny.toml",
+            "--run-dir",
+            "run",
+            "--set",
+            "max_steps=2",
+        ],
+        w,
+    );
+    // 40 tokens run past the context of 16.
+    let args = [
+        "sample",
+        "--run",
+        "run",
+        "--prompt",
+        "ALICE:",
+        "--max-new-tokens",
+        "40",
+        "--seed",
+        "5",
+    ];
+    let cached = ok(&args, w);
+    let mut full_args = args.to_vec();
+    full_args.push("--no-cache");
+    assert_eq!(cached, ok(&full_args, w));
+}
+
+#[test]
+fn verify_passes_on_the_pytorch_fixture_and_fails_on_a_tampered_one() {
+    let Some(shared) = std::env::var_os("EMBER_SHARED") else {
+        eprintln!("skipping: EMBER_SHARED is not set");
+        return;
+    };
+    let fixture = Path::new(&shared).join("parity/gpt2-tiny");
+    let dir = tempfile::tempdir().unwrap();
+    let out = ok(
+        &["verify", "--fixture", fixture.to_str().unwrap()],
+        dir.path(),
+    );
+    assert!(
+        out.contains("initial loss") && out.contains("overall: ok"),
+        "{out}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&ok(
+        &["verify", "--fixture", fixture.to_str().unwrap(), "--json"],
+        dir.path(),
+    ))
+    .unwrap();
+    assert_eq!(json["ok"], true);
+    assert!(json["checks"].as_array().unwrap().len() >= 25);
+
+    let tampered = dir.path().join("tampered");
+    std::fs::create_dir(&tampered).unwrap();
+    for name in ["init.safetensors", "batch.json"] {
+        std::fs::copy(fixture.join(name), tampered.join(name)).unwrap();
+    }
+    let expected = std::fs::read_to_string(fixture.join("expected.json")).unwrap();
+    std::fs::write(
+        tampered.join("expected.json"),
+        expected.replace("\"initial_loss\": 4.17", "\"initial_loss\": 4.27"),
+    )
+    .unwrap();
+    let out = ember(&["verify", "--fixture", "tampered"], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("FAIL"), "{stdout}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("1 of "),
+        "{out:?}"
+    );
+}

@@ -46,6 +46,14 @@ pub(crate) fn stage<'a>(
     file.as_file()
         .sync_all()
         .map_err(|e| DataError::io("cannot sync temp file for", dest, e))?;
+    // tempfile creates 0600 files; outputs are ordinary files (0644 before the umask).
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        file.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| DataError::io("cannot set permissions of temp file for", dest, e))?;
+    }
     Ok(Staged { file, dest })
 }
 

@@ -1,97 +1,46 @@
-//! Causal multi-head self-attention with a fused q|k|v projection (GPT-2's `attn` block).
+//! Causal scaled dot-product attention shared by every architecture, and the KV cache.
 
-use burn::module::Module;
-use burn::nn::{Dropout, DropoutConfig, Linear};
+use burn::nn::Dropout;
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Tensor};
 
-use crate::config::GptConfig;
-use crate::init;
-
-/// Causal self-attention: `softmax(Q·Kᵀ/√d_head + causal mask)·V` per head (Vaswani et al.
-/// 2017, eq. 1), heads concatenated and projected back. Parameter names follow Hugging Face
-/// GPT-2 (`c_attn` = q|k|v fused, `c_proj`).
-#[derive(Module, Debug)]
-pub struct CausalSelfAttention<B: Backend> {
-    /// Fused projection `[d_model, 3·d_model]`: columns are q, then k, then v.
-    pub c_attn: Linear<B>,
-    /// Output projection `[d_model, d_model]`.
-    pub c_proj: Linear<B>,
-    attn_dropout: Dropout,
-    resid_dropout: Dropout,
-    n_head: usize,
-}
-
-impl<B: Backend> CausalSelfAttention<B> {
-    /// Builds the block with GPT-2 initialization (see [`crate::init`]).
-    pub fn new(config: &GptConfig, device: &B::Device) -> Self {
-        let c = config.d_model;
-        Self {
-            c_attn: init::linear(c, 3 * c, config.bias, init::INIT_STD, device),
-            c_proj: init::linear(
-                c,
-                c,
-                config.bias,
-                init::residual_std(config.n_layer),
-                device,
-            ),
-            attn_dropout: DropoutConfig::new(config.dropout).init(),
-            resid_dropout: DropoutConfig::new(config.dropout).init(),
-            n_head: config.n_head,
-        }
+/// Causal attention `softmax(Q·Kᵀ/√d_head + mask)·V` per head (Vaswani et al. 2017, eq. 1).
+///
+/// `q`: `[batch, n_head, seq_q, d_head]`; `k`, `v`: `[batch, n_head, seq_k, d_head]` with
+/// `seq_k ≥ seq_q`: query `i` sits at key position `i + seq_k − seq_q` (a KV cache holds the
+/// first `seq_k − seq_q` keys). Returns `[batch, n_head, seq_q, d_head]`.
+///
+/// Runs Burn's fused `attention` op (backends with a flash kernel use it; under autodiff Burn
+/// 0.21 runs its fallback, which materializes `[batch, n_head, seq_q, seq_k]`). The explicit
+/// path [`attention_reference`] runs instead when attention dropout is active (training with
+/// `dropout > 0`: the fused op has no dropout) and for a multi-token query against a longer
+/// cache (a case the fused op's causal flag does not define on every backend).
+pub fn causal_attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    dropout: Option<&Dropout>,
+) -> Tensor<B, 4> {
+    let (seq_q, seq_k) = (q.dims()[2], k.dims()[2]);
+    let dropout = dropout.filter(|d| d.prob > 0.0 && B::ad_enabled(&q.device()));
+    if dropout.is_some() || (seq_q > 1 && seq_q != seq_k) {
+        return attention_reference(q, k, v, dropout);
     }
-
-    /// `x`: `[batch, seq_len, d_model]` → `[batch, seq_len, d_model]`.
-    ///
-    /// Uses Burn's fused `attention` op (backends with a flash kernel use it; under autodiff
-    /// Burn 0.21 runs its fallback, which materializes `[batch, n_head, seq_len, seq_len]`).
-    /// When attention dropout is active (training with `dropout > 0`) the explicit path
-    /// [`attention_reference`] runs instead, because the fused op has no dropout.
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let [batch, seq_len, d_model] = x.dims();
-        let qkv = self.c_attn.forward(x); // [B, T, 3C]
-        let heads = |t: Tensor<B, 3>| {
-            t.reshape([batch, seq_len, self.n_head, d_model / self.n_head])
-                .swap_dims(1, 2) // [B, H, T, Dh]
-        };
-        let mut qkv = qkv.chunk(3, 2).into_iter().map(heads);
-        let (q, k, v) = (
-            qkv.next().unwrap(),
-            qkv.next().unwrap(),
-            qkv.next().unwrap(),
-        );
-
-        let dropout_active = self.attn_dropout.prob > 0.0 && B::ad_enabled(&q.device());
-        let y = if dropout_active {
-            attention_reference(q, k, v, Some(&self.attn_dropout))
-        } else {
-            attention(
-                q,
-                k,
-                v,
-                None,
-                None,
-                AttentionModuleOptions {
-                    is_causal: true,
-                    ..Default::default()
-                },
-            )
-        }; // [B, H, T, Dh]
-        let y = y.swap_dims(1, 2).reshape([batch, seq_len, d_model]);
-        self.resid_dropout.forward(self.c_proj.forward(y))
-    }
+    // One query (incremental decoding) sees every cached key: no mask at all.
+    let options = AttentionModuleOptions {
+        is_causal: seq_q > 1,
+        ..Default::default()
+    };
+    attention(q, k, v, None, None, options)
 }
 
 /// The explicit attention path, kept as the test oracle for the fused op:
-/// `softmax(Q·Kᵀ/√d_head, masked above the diagonal with −∞)·V`.
-///
-/// `q`: `[batch, n_head, seq_q, d_head]`, `k`, `v`: `[batch, n_head, seq_k, d_head]` with
-/// `seq_k ≥ seq_q`; query `i` sits at key position `i + seq_k − seq_q` (so a KV cache works).
-/// Returns `[batch, n_head, seq_q, d_head]`. Materializes the `[batch, n_head, seq_q, seq_k]`
-/// scores.
+/// `softmax(Q·Kᵀ/√d_head, masked above the causal diagonal with −∞)·V`, then `dropout` on the
+/// attention weights if given. Shapes as [`causal_attention`]. Materializes the
+/// `[batch, n_head, seq_q, seq_k]` scores.
 pub fn attention_reference<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
@@ -115,6 +64,74 @@ pub fn attention_reference<B: Backend>(
 /// (`j > i + seq_k − seq_q`).
 fn causal_mask<B: Backend>(seq_q: usize, seq_k: usize, device: &B::Device) -> Tensor<B, 4, Bool> {
     let offset = (seq_k - seq_q) as i64;
-    let mask = Tensor::<B, 2, Bool>::tril_mask([seq_q, seq_k], offset, device);
-    mask.unsqueeze::<4>()
+    Tensor::<B, 2, Bool>::tril_mask([seq_q, seq_k], offset, device).unsqueeze::<4>()
+}
+
+/// Keys and values of earlier positions for incremental decoding, one entry per layer,
+/// each `[batch, n_kv_head, cached_len, d_head]`.
+#[derive(Debug, Clone)]
+pub struct KvCache<B: Backend> {
+    layers: Vec<Option<(Tensor<B, 4>, Tensor<B, 4>)>>,
+    len: usize,
+}
+
+impl<B: Backend> KvCache<B> {
+    /// An empty cache for a model of `n_layer` layers.
+    pub fn new(n_layer: usize) -> Self {
+        Self {
+            layers: vec![None; n_layer],
+            len: 0,
+        }
+    }
+
+    /// Positions cached so far (the position of the next token).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True before the first forward.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends layer `layer`'s keys and values of the new positions (`[batch, n_kv_head,
+    /// new, d_head]`) and returns all of them, cached first.
+    pub fn extend(
+        &mut self,
+        layer: usize,
+        k: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let (k, v) = match self.layers[layer].take() {
+            Some((pk, pv)) => (Tensor::cat(vec![pk, k], 2), Tensor::cat(vec![pv, v], 2)),
+            None => (k, v),
+        };
+        self.layers[layer] = Some((k.clone(), v.clone()));
+        (k, v)
+    }
+
+    /// Records that a forward pass appended `new` positions to every layer.
+    pub fn advance(&mut self, new: usize) {
+        self.len += new;
+    }
+}
+
+/// An optional cache of one layer: lets a block run with or without a [`KvCache`].
+pub struct LayerCache<'a, B: Backend> {
+    /// The model's cache.
+    pub cache: &'a mut KvCache<B>,
+    /// This layer's index in it.
+    pub layer: usize,
+}
+
+/// Keys/values to attend over: the new ones alone, or appended to the layer's cache.
+pub fn with_cache<B: Backend>(
+    cache: Option<LayerCache<'_, B>>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    match cache {
+        Some(LayerCache { cache, layer }) => cache.extend(layer, k, v),
+        None => (k, v),
+    }
 }

@@ -35,3 +35,18 @@ pub fn linear<B: Backend>(
 pub fn normal<B: Backend>(shape: [usize; 2], std: f64, device: &B::Device) -> Param<Tensor<B, 2>> {
     Initializer::Normal { mean: 0.0, std }.init(shape, device)
 }
+
+/// Draws every lazily initialized parameter of `module` now, in visiting order.
+///
+/// Burn initializes parameters at first use, and a clone of an uninitialized parameter draws
+/// its own values; materializing right after construction makes the weights depend only on
+/// the backend seed set before it.
+pub fn materialize<B: Backend, M: burn::module::Module<B>>(module: &M) {
+    struct Materialize;
+    impl<B: Backend> burn::module::ModuleVisitor<B> for Materialize {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let _ = param.val();
+        }
+    }
+    module.visit(&mut Materialize);
+}

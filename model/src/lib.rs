@@ -1,7 +1,8 @@
 //! # ember-model
 //!
-//! GPT-2-style decoder-only Transformers for [Burn](https://burn.dev), generic over any
-//! `B: Backend`, with Hugging Face-compatible parameter paths.
+//! Decoder-only Transformers for [Burn](https://burn.dev), generic over any `B: Backend`:
+//! GPT-2 ([`Gpt`]) and Llama-style ([`Llama`]) models with Hugging Face-compatible parameter
+//! paths, safetensors import/export ([`hf`]), a KV cache and generation ([`generate()`]).
 //!
 //! ```
 //! use burn::backend::Flex;
@@ -19,17 +20,22 @@
 #![warn(missing_docs)]
 
 pub mod attention;
-pub mod block;
-pub mod config;
+pub mod error;
+pub mod generate;
 pub mod gpt;
+pub mod hf;
 pub mod init;
-pub mod mlp;
+pub mod llama;
+pub mod lm;
 
-pub use attention::{attention_reference, CausalSelfAttention};
-pub use block::Block;
-pub use config::{ConfigError, GeluKind, GptConfig, PRESETS};
-pub use gpt::Gpt;
-pub use mlp::Mlp;
+pub use attention::{attention_reference, causal_attention, KvCache};
+pub use error::ConfigError;
+pub use generate::{argmax, generate};
+pub use gpt::config::{GeluKind, GptConfig, PRESETS};
+pub use gpt::model::Gpt;
+pub use llama::config::{LlamaConfig, LLAMA_PRESETS};
+pub use llama::model::Llama;
+pub use lm::{LanguageModel, ModelConfig};
 
 #[cfg(test)]
 mod tests;

@@ -192,10 +192,337 @@ fn erf_and_tanh_gelu_give_close_but_different_logits() {
 fn gelu_tanh_matches_burns_gelu_approximate() {
     let device = Default::default();
     let x = Tensor::<B, 1>::from_floats([-3.0, -1.0, -0.1, 0.0, 0.5, 2.0, 4.0], &device);
-    let ours = crate::mlp::gelu_tanh(x.clone()).into_data();
+    let ours = crate::gpt::mlp::gelu_tanh(x.clone()).into_data();
     let burns = burn::tensor::activation::gelu_approximate(x).into_data();
     ours.assert_approx_eq::<f32>(&burns, Tolerance::absolute(1e-6));
     // GELU(1) with the tanh form: 0.5·(1 + tanh(0.7978846·1.044715)) = 0.8411920.
-    let one = crate::mlp::gelu_tanh(Tensor::<B, 1>::from_floats([1.0], &device)).into_scalar();
+    let one = crate::gpt::mlp::gelu_tanh(Tensor::<B, 1>::from_floats([1.0], &device)).into_scalar();
     assert!((one - 0.841_192).abs() < 1e-6, "{one}");
+}
+
+mod cache_and_llama {
+    use super::{seeded, tokens, B};
+    use crate::{argmax, generate, GptConfig, LanguageModel, LlamaConfig, ModelConfig};
+    use burn::module::Module;
+    use burn::tensor::{Tensor, Tolerance};
+
+    fn models() -> Vec<LanguageModel<B>> {
+        let device = Default::default();
+        let gpt = ModelConfig::Gpt2(
+            GptConfig::preset("tiny")
+                .unwrap()
+                .with_tie_embeddings(false),
+        );
+        let llama = ModelConfig::Llama(LlamaConfig::preset("llama-tiny").unwrap());
+        vec![gpt.init(&device).unwrap(), llama.init(&device).unwrap()]
+    }
+
+    #[test]
+    fn cached_forward_equals_the_last_positions_of_a_full_forward() {
+        let _seed = seeded(11);
+        for model in models() {
+            let full = model.forward(tokens(&[&[5, 9, 2, 7, 1, 3]]));
+            let mut cache = model.new_cache();
+            let first = model.forward_cached(tokens(&[&[5, 9, 2, 7]]), &mut cache);
+            let fifth = model.forward_cached(tokens(&[&[1]]), &mut cache);
+            let sixth = model.forward_cached(tokens(&[&[3]]), &mut cache);
+            assert_eq!(cache.len(), 6);
+            let got = Tensor::cat(vec![first, fifth, sixth], 1);
+            got.into_data()
+                .assert_approx_eq::<f32>(&full.into_data(), Tolerance::absolute(1e-5));
+        }
+    }
+
+    #[test]
+    fn a_multi_token_chunk_after_a_cache_equals_the_full_forward() {
+        let _seed = seeded(12);
+        for model in models() {
+            let full = model.forward(tokens(&[&[5, 9, 2, 7, 1, 3]]));
+            let mut cache = model.new_cache();
+            let _ = model.forward_cached(tokens(&[&[5, 9]]), &mut cache);
+            let rest = model.forward_cached(tokens(&[&[2, 7, 1, 3]]), &mut cache);
+            let [_, _, v] = rest.dims();
+            rest.into_data().assert_approx_eq::<f32>(
+                &full.slice([0..1, 2..6, 0..v]).into_data(),
+                Tolerance::absolute(1e-5),
+            );
+        }
+    }
+
+    #[test]
+    fn greedy_generation_with_the_cache_equals_full_recomputation() {
+        let _seed = seeded(13);
+        let device = Default::default();
+        for model in models() {
+            // 30 new tokens from a 3-token prompt run past the context of 16.
+            let cached = generate(&model, &[1, 2, 3], 30, true, &device, argmax);
+            let full = generate(&model, &[1, 2, 3], 30, false, &device, argmax);
+            assert_eq!(cached.len(), 33);
+            assert_eq!(
+                cached,
+                full,
+                "{}",
+                match model {
+                    LanguageModel::Gpt2(_) => "gpt2",
+                    _ => "llama",
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn llama_is_causal_and_counts_its_parameters() {
+        let _seed = seeded(14);
+        let cfg = LlamaConfig::preset("llama-tiny").unwrap();
+        let model = cfg.init::<B>(&Default::default()).unwrap();
+        assert_eq!(model.num_params(), cfg.num_params());
+        let a = model.forward(tokens(&[&[1, 2, 3, 4, 5]]));
+        let b = model.forward(tokens(&[&[1, 2, 3, 60, 61]]));
+        let first3 = |t: Tensor<B, 3>| t.slice([0..1, 0..3, 0..64]).into_data();
+        first3(a).assert_approx_eq::<f32>(&first3(b), Tolerance::absolute(1e-6));
+    }
+
+    #[test]
+    fn grouped_query_attention_equals_mha_with_repeated_key_value_heads() {
+        // 4 query heads over 2 key/value heads: query head h reads kv head h / 2. An MHA model
+        // whose kv heads 0,1,2,3 are copies of GQA heads 0,0,1,1 must compute the same logits.
+        let _seed = seeded(15);
+        let device = Default::default();
+        let gqa_cfg = LlamaConfig::preset("llama-tiny").unwrap(); // 4 heads, 2 kv heads, d_head 8
+        let gqa = gqa_cfg.init::<B>(&device).unwrap();
+        let mut mha = LlamaConfig {
+            n_kv_head: 4,
+            ..gqa_cfg.clone()
+        }
+        .init::<B>(&device)
+        .unwrap();
+        let repeat_heads = |w: Tensor<B, 2>| {
+            // [d_model, 2·8] → [d_model, 4·8] with kv heads (0, 0, 1, 1).
+            let h0 = w.clone().slice([0..32, 0..8]);
+            let h1 = w.slice([0..32, 8..16]);
+            Tensor::cat(vec![h0.clone(), h0, h1.clone(), h1], 1)
+        };
+        for (g, m) in gqa.model.layers.iter().zip(mha.model.layers.iter_mut()) {
+            m.self_attn.k_proj.weight =
+                burn::module::Param::from_tensor(repeat_heads(g.self_attn.k_proj.weight.val()));
+            m.self_attn.v_proj.weight =
+                burn::module::Param::from_tensor(repeat_heads(g.self_attn.v_proj.weight.val()));
+        }
+        let mha = {
+            // Every other parameter equal to the GQA model's.
+            let mut m = mha;
+            m.model.embed_tokens = gqa.model.embed_tokens.clone();
+            m.model.norm = gqa.model.norm.clone();
+            m.lm_head = gqa.lm_head.clone();
+            for (g, l) in gqa.model.layers.iter().zip(m.model.layers.iter_mut()) {
+                l.input_layernorm = g.input_layernorm.clone();
+                l.post_attention_layernorm = g.post_attention_layernorm.clone();
+                l.mlp = g.mlp.clone();
+                l.self_attn.q_proj = g.self_attn.q_proj.clone();
+                l.self_attn.o_proj = g.self_attn.o_proj.clone();
+            }
+            m
+        };
+        let x = tokens(&[&[7, 3, 9, 12, 4]]);
+        mha.forward(x.clone())
+            .into_data()
+            .assert_approx_eq::<f32>(&gqa.forward(x).into_data(), Tolerance::absolute(1e-6));
+    }
+}
+
+mod hf_weights {
+    use super::{seeded, B};
+    use crate::hf::{self, HfError};
+    use crate::{GptConfig, LanguageModel, LlamaConfig, ModelConfig};
+    use burn_store::{ModuleStore, SafetensorsStore};
+    use std::path::Path;
+
+    /// Every tensor of a safetensors file: (name, shape, dtype, bytes), sorted by name.
+    fn tensors(path: &Path) -> Vec<(String, Vec<usize>, String, Vec<u8>)> {
+        let mut store = SafetensorsStore::from_file(path);
+        let mut out: Vec<_> = store
+            .get_all_snapshots()
+            .unwrap()
+            .iter()
+            .map(|(name, s)| {
+                let data = s.to_data().unwrap();
+                (
+                    name.clone(),
+                    s.shape.to_vec(),
+                    format!("{:?}", s.dtype),
+                    data.as_bytes().to_vec(),
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    fn names(path: &Path) -> Vec<(String, Vec<usize>)> {
+        tensors(path)
+            .into_iter()
+            .map(|(n, s, _, _)| (n, s))
+            .collect()
+    }
+
+    fn model(config: ModelConfig) -> LanguageModel<B> {
+        config.init(&Default::default()).unwrap()
+    }
+
+    fn gpt_tiny() -> ModelConfig {
+        ModelConfig::Gpt2(GptConfig::preset("tiny").unwrap())
+    }
+
+    #[test]
+    fn gpt2_export_uses_hugging_face_names_and_layouts() {
+        let _seed = seeded(21);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        hf::save(&model(gpt_tiny()), &path).unwrap();
+        let names = names(&path);
+        assert!(
+            names.contains(&("transformer.h.1.attn.c_attn.weight".into(), vec![32, 96])),
+            "{names:?}"
+        );
+        assert!(names.contains(&("transformer.h.0.ln_1.weight".into(), vec![32])));
+        assert!(names.contains(&("transformer.ln_f.bias".into(), vec![32])));
+        assert!(names.contains(&("transformer.wpe.weight".into(), vec![16, 32])));
+        assert!(!names
+            .iter()
+            .any(|(n, _)| n.contains("lm_head") || n.contains("gamma")));
+        assert_eq!(names.len(), 2 + 2 * 12 + 2);
+    }
+
+    #[test]
+    fn export_import_export_is_bit_identical_for_both_architectures() {
+        let _seed = seeded(22);
+        let dir = tempfile::tempdir().unwrap();
+        let llama = ModelConfig::Llama(LlamaConfig::preset("llama-tiny").unwrap());
+        for (i, config) in [gpt_tiny(), llama].into_iter().enumerate() {
+            let (a, b) = (
+                dir.path().join(format!("a{i}.safetensors")),
+                dir.path().join(format!("b{i}.safetensors")),
+            );
+            hf::save(&model(config.clone()), &a).unwrap();
+            let loaded = hf::load(model(config), &a).unwrap();
+            hf::save(&loaded, &b).unwrap();
+            assert_eq!(tensors(&a), tensors(&b));
+            assert_eq!(
+                std::fs::read(&a).unwrap(),
+                std::fs::read(&b).unwrap(),
+                "byte-identical files"
+            );
+        }
+    }
+
+    #[test]
+    fn llama_export_uses_pytorch_linear_layout() {
+        let _seed = seeded(23);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("llama.safetensors");
+        hf::save(
+            &model(ModelConfig::Llama(
+                LlamaConfig::preset("llama-tiny").unwrap(),
+            )),
+            &path,
+        )
+        .unwrap();
+        let names = names(&path);
+        // llama-tiny: d_model 32, 4 heads of 8, 2 kv heads, d_ff 88, vocab 64, untied.
+        for (name, shape) in [
+            ("model.embed_tokens.weight", vec![64, 32]),
+            ("model.layers.0.self_attn.q_proj.weight", vec![32, 32]),
+            ("model.layers.0.self_attn.k_proj.weight", vec![16, 32]),
+            ("model.layers.1.mlp.gate_proj.weight", vec![88, 32]),
+            ("model.layers.1.mlp.down_proj.weight", vec![32, 88]),
+            ("model.layers.1.input_layernorm.weight", vec![32]),
+            ("model.norm.weight", vec![32]),
+            ("lm_head.weight", vec![64, 32]),
+        ] {
+            assert!(
+                names.contains(&(name.to_string(), shape.clone())),
+                "{name} {shape:?} not in {names:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_file_for_another_model_lists_every_mismatch() {
+        let _seed = seeded(24);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("three_layers.safetensors");
+        let tiny = GptConfig::preset("tiny").unwrap();
+        let bigger = ModelConfig::Gpt2(GptConfig {
+            n_layer: 3,
+            vocab_size: 70,
+            ..tiny.clone()
+        });
+        hf::save(&model(bigger), &path).unwrap();
+        let err = hf::load(model(gpt_tiny()), &path).unwrap_err();
+        let HfError::Mismatch {
+            missing,
+            unexpected,
+            misshaped,
+            ..
+        } = &err
+        else {
+            panic!("{err}")
+        };
+        assert!(missing.is_empty(), "{missing:?}");
+        assert_eq!(unexpected.len(), 12, "layer 2's tensors: {unexpected:?}");
+        assert!(
+            unexpected.contains(&"transformer.h.2.mlp.c_fc.bias".to_string()),
+            "{unexpected:?}"
+        );
+        assert_eq!(misshaped.len(), 1, "{misshaped:?}");
+        assert!(
+            misshaped[0].starts_with("transformer.wte.weight expected [64, 32], found [70, 32]"),
+            "{misshaped:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("unexpected (12)") && text.contains("mis-shaped (1)"),
+            "{text}"
+        );
+
+        let err = hf::load(
+            model(ModelConfig::Gpt2(GptConfig { n_layer: 4, ..tiny })),
+            &path,
+        )
+        .unwrap_err();
+        let HfError::Mismatch { missing, .. } = &err else {
+            panic!("{err}")
+        };
+        assert_eq!(missing.len(), 12, "layer 3's tensors: {missing:?}");
+        assert!(
+            missing.contains(&"transformer.h.3.ln_2.weight".to_string()),
+            "{missing:?}"
+        );
+    }
+
+    #[test]
+    fn a_missing_file_is_an_error() {
+        let err = hf::load(model(gpt_tiny()), Path::new("/no/such/model.safetensors")).unwrap_err();
+        assert!(
+            err.to_string().contains("/no/such/model.safetensors"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_pytorch_fixture_loads_and_round_trips_bit_identically() {
+        let Some(shared) = std::env::var_os("EMBER_SHARED") else {
+            eprintln!("skipping: EMBER_SHARED is not set");
+            return;
+        };
+        let fixture = Path::new(&shared).join("parity/gpt2-tiny/init.safetensors");
+        let _seed = seeded(25);
+        // expected.json's config: vocab 64, context 16, 2 layers, 2 heads, width 32, bias.
+        let config = ModelConfig::Gpt2(GptConfig::new(64, 2, 2, 32, 16));
+        let loaded = hf::load(model(config), &fixture).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("export.safetensors");
+        hf::save(&loaded, &out).unwrap();
+        assert_eq!(tensors(&fixture), tensors(&out));
+    }
 }

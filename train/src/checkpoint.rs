@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use burn::module::Module;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use ember_model::Gpt;
+use ember_model::LanguageModel;
 use serde::{Deserialize, Serialize};
 
 use crate::error::TrainError;
@@ -52,8 +52,8 @@ fn checkpoints_dir(run_dir: &Path) -> PathBuf {
 pub fn save<B: AutodiffBackend>(
     run_dir: &Path,
     state: &TrainState,
-    model: &Gpt<B>,
-    optimizer: &AdamWGroups<Gpt<B>, B>,
+    model: &LanguageModel<B>,
+    optimizer: &AdamWGroups<LanguageModel<B>, B>,
     keep: usize,
 ) -> Result<PathBuf, TrainError> {
     let root = checkpoints_dir(run_dir);
@@ -122,8 +122,9 @@ pub fn latest(run_dir: &Path) -> Result<PathBuf, TrainError> {
     let name = fs::read_to_string(&pointer).map_err(|e| TrainError::Checkpoint {
         path: run_dir.into(),
         message: format!(
-            "no checkpoint to load ({}: {e}); was the run started with this --run-dir?",
-            pointer.display()
+            "no checkpoint to load ({}: {e}): the run stopped before its first checkpoint (start it again with `ember train --config FILE --run-dir {}`), or this is not its --run-dir",
+            pointer.display(),
+            run_dir.display()
         ),
     })?;
     let dir = checkpoints_dir(run_dir).join(name.trim());
@@ -159,9 +160,9 @@ pub fn load_state(dir: &Path) -> Result<TrainState, TrainError> {
 /// Loads a checkpoint's weights into `model` (built from the run's config on `device`).
 pub fn load_model<B: Backend>(
     dir: &Path,
-    model: Gpt<B>,
+    model: LanguageModel<B>,
     device: &B::Device,
-) -> Result<Gpt<B>, TrainError> {
+) -> Result<LanguageModel<B>, TrainError> {
     let record =
         recorder()
             .load(dir.join("model"), device)
@@ -175,9 +176,9 @@ pub fn load_model<B: Backend>(
 /// Loads both AdamW groups' state (after [`load_model`], whose parameter ids key the state).
 pub fn load_optimizer<B: AutodiffBackend>(
     dir: &Path,
-    optimizer: AdamWGroups<Gpt<B>, B>,
+    optimizer: AdamWGroups<LanguageModel<B>, B>,
     device: &B::Device,
-) -> Result<AdamWGroups<Gpt<B>, B>, TrainError> {
+) -> Result<AdamWGroups<LanguageModel<B>, B>, TrainError> {
     let load = |name: &str| {
         recorder()
             .load(dir.join(name), device)

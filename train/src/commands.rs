@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::AutodiffBackend;
-use ember_data::{PreparedData, Split, WindowSampler};
+use ember_data::{Split, WindowSampler};
 
 use crate::backend::{run_on, BackendTask};
 use crate::config::BackendKind;
@@ -11,7 +11,7 @@ use crate::error::TrainError;
 use crate::eval::evaluate;
 use crate::run::{train, RunOptions, RunSummary};
 use crate::sample::{generate, SampleOptions};
-use crate::trained::RunInfo;
+use crate::trained::{Source, Trained};
 
 /// Trains (or resumes) on `options.config.backend`; `log` receives every line.
 pub fn train_run(options: RunOptions, log: &mut dyn FnMut(&str)) -> Result<RunSummary, TrainError> {
@@ -29,7 +29,7 @@ pub fn train_run(options: RunOptions, log: &mut dyn FnMut(&str)) -> Result<RunSu
     run_on(backend, index, Task { options, log })
 }
 
-/// Losses of a trained run's latest checkpoint.
+/// Losses of a trained model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EvalReport {
     /// Mean NLL on the training split, nats/token.
@@ -38,32 +38,28 @@ pub struct EvalReport {
     pub val_loss: f64,
     /// Batches evaluated per split.
     pub batches: usize,
-    /// Optimizer step of the checkpoint.
+    /// Optimizer step of the weights (0 for imported ones).
     pub step: u64,
 }
 
-/// Evaluates `RUN_DIR`'s latest checkpoint on `batches` batches of each split (default:
-/// the run's `eval_batches`), on the run's backend unless `backend` overrides it.
+/// Evaluates `source`'s weights on `batches` batches of each split (default: the config's
+/// `eval_batches`), on its backend unless `backend` overrides it.
 pub fn eval_run(
-    run_dir: &Path,
+    source: Source,
     batches: Option<usize>,
     backend: Option<BackendKind>,
 ) -> Result<EvalReport, TrainError> {
     struct Task {
-        run_dir: PathBuf,
-        info: RunInfo,
+        trained: Trained,
         batches: usize,
     }
     impl BackendTask for Task {
         type Output = EvalReport;
         fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<EvalReport, TrainError> {
-            let model = self
-                .info
-                .load_model::<B::InnerBackend>(&self.run_dir, &device)?;
-            let config = &self.info.config;
-            let data_dir = config.data.clone().unwrap_or_default();
-            let data = PreparedData::open(&data_dir)?;
-            let sampler = WindowSampler::new(config.seed, config.model.block_size);
+            let model = self.trained.load_model::<B::InnerBackend>(&device)?;
+            let config = &self.trained.config;
+            let data = self.trained.data()?;
+            let sampler = WindowSampler::new(config.seed, config.model.block_size());
             let loss = |split| {
                 evaluate(
                     &model,
@@ -75,8 +71,7 @@ pub fn eval_run(
                     &device,
                 )
             };
-            let step =
-                crate::checkpoint::load_state(&crate::checkpoint::latest(&self.run_dir)?)?.step;
+            let step = self.trained.step()?;
             Ok(EvalReport {
                 train_loss: loss(Split::Train)?,
                 val_loss: loss(Split::Val)?,
@@ -85,49 +80,80 @@ pub fn eval_run(
             })
         }
     }
-    let info = RunInfo::read(run_dir, &[])?;
-    let batches = batches.unwrap_or(info.config.eval_batches);
-    let (kind, index) = (backend.unwrap_or(info.config.backend), info.config.device);
-    run_on(
-        kind,
-        index,
-        Task {
-            run_dir: run_dir.into(),
-            info,
-            batches,
-        },
-    )
+    let trained = Trained::open(source)?;
+    let batches = batches.unwrap_or(trained.config.eval_batches);
+    let (kind, index) = (
+        backend.unwrap_or(trained.config.backend),
+        trained.config.device,
+    );
+    run_on(kind, index, Task { trained, batches })
 }
 
-/// Samples text from `RUN_DIR`'s latest checkpoint (see [`generate`]).
+/// Samples text from `source`'s weights (see [`generate`]).
 pub fn sample_run(
-    run_dir: &Path,
+    source: Source,
     options: &SampleOptions,
     backend: Option<BackendKind>,
 ) -> Result<String, TrainError> {
     struct Task<'a> {
-        run_dir: PathBuf,
-        info: RunInfo,
+        trained: Trained,
         options: &'a SampleOptions,
     }
     impl BackendTask for Task<'_> {
         type Output = String;
         fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<String, TrainError> {
-            let model = self
-                .info
-                .load_model::<B::InnerBackend>(&self.run_dir, &device)?;
-            generate(&model, &self.info.tokenizer()?, self.options, &device)
+            let model = self.trained.load_model::<B::InnerBackend>(&device)?;
+            generate(&model, &self.trained.tokenizer()?, self.options, &device)
         }
     }
-    let info = RunInfo::read(run_dir, &[])?;
-    let (kind, index) = (backend.unwrap_or(info.config.backend), info.config.device);
-    run_on(
-        kind,
-        index,
-        Task {
-            run_dir: run_dir.into(),
-            info,
-            options,
-        },
-    )
+    let trained = Trained::open(source)?;
+    let (kind, index) = (
+        backend.unwrap_or(trained.config.backend),
+        trained.config.device,
+    );
+    run_on(kind, index, Task { trained, options })
+}
+
+/// Weight formats of `ember export`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExportFormat {
+    /// Hugging Face `GPT2LMHeadModel` safetensors.
+    HfGpt2,
+    /// Hugging Face `LlamaForCausalLM` safetensors.
+    HfLlama,
+}
+
+impl std::str::FromStr for ExportFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "hf-gpt2" => Ok(ExportFormat::HfGpt2),
+            "hf-llama" => Ok(ExportFormat::HfLlama),
+            other => Err(format!(
+                "unknown format {other:?}; expected hf-gpt2 or hf-llama"
+            )),
+        }
+    }
+}
+
+/// Writes the latest checkpoint of `run_dir` to `out` in `format` (CPU; no GPU needed).
+///
+/// Errors: a format of another architecture than the run's; no checkpoint; an unwritable
+/// `out`.
+pub fn export_run(run_dir: &Path, format: ExportFormat, out: &Path) -> Result<PathBuf, TrainError> {
+    let trained = Trained::open(Source::Run(run_dir.into()))?;
+    let arch = trained.config.model.arch();
+    let wanted = match format {
+        ExportFormat::HfGpt2 => "gpt2",
+        ExportFormat::HfLlama => "llama",
+    };
+    if arch != wanted {
+        return Err(TrainError::Checkpoint {
+            path: run_dir.into(),
+            message: format!("the run's model is {arch:?}; export it with --format hf-{arch}"),
+        });
+    }
+    let model = trained.load_model::<burn::backend::Flex>(&Default::default())?;
+    ember_model::hf::save(&model, out)?;
+    Ok(out.into())
 }

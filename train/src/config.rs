@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ember_model::GptConfig;
+use ember_model::{GptConfig, LlamaConfig, ModelConfig};
 use serde::{Deserialize, Serialize};
 
 /// Which Burn backend runs the model.
@@ -101,9 +101,14 @@ pub struct RunConfig {
     /// Device index for CUDA (`cuda:N`).
     #[serde(default)]
     pub device: usize,
-    /// The model (`[model]`): a `preset` name and/or explicit fields of [`GptConfig`].
-    /// `vocab_size` may be omitted: it is then the prepared data's vocabulary size.
-    pub model: GptConfig,
+    /// The model (`[model]`): `arch` (`"gpt2"`, the default, or `"llama"`), a `preset` name
+    /// and/or explicit fields of [`GptConfig`] / [`LlamaConfig`]. `vocab_size` may be
+    /// omitted: see [`RunConfig::resolve_vocab`].
+    pub model: ModelConfig,
+    /// Hugging Face safetensors weights to start from instead of a random initialization
+    /// (fine-tuning); their shapes must fit `[model]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<PathBuf>,
     /// Optimizer and schedule (`[optimizer]`).
     #[serde(default)]
     pub optimizer: OptimizerConfig,
@@ -141,12 +146,12 @@ mod defaults {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read config {path}: {source}")]
+    #[error("cannot read config {path}: {error}")]
     Read {
         /// The config file.
         path: PathBuf,
         /// The I/O error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The file is not valid TOML.
     #[error("{path}: not valid TOML: {message}")]
@@ -186,9 +191,9 @@ impl RunConfig {
     /// Errors: unreadable file, bad TOML, unknown key, missing key, bad value, unknown preset —
     /// each naming the file and the key.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.into(),
-            source,
+            error,
         })?;
         Self::from_toml_str(&text, path, overrides)
     }
@@ -208,10 +213,23 @@ impl RunConfig {
         for arg in overrides {
             apply_override(&mut table, arg)?;
         }
-        let key_err = |key: &str, message: String| ConfigError::Key {
-            path: path.into(),
-            key: key.into(),
-            message,
+        // A bad value set with --set is reported as such, not as the file's.
+        let key_err = |key: &str, message: String| {
+            let set = overrides.iter().rev().find(|arg| {
+                arg.split_once('=').is_some_and(|(k, _)| {
+                    k.trim() == key || key.starts_with(&format!("{}.", k.trim()))
+                })
+            });
+            ConfigError::Key {
+                path: set.map_or_else(|| path.into(), |arg| format!("--set {arg}").into()),
+                key: key.into(),
+                message: message
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string(),
+            }
         };
         let (model, preset_vocab) = match table.remove("model") {
             Some(toml::Value::Table(model)) => {
@@ -233,7 +251,7 @@ impl RunConfig {
             config.optimizer.lr_decay_steps = Some(config.max_steps);
         }
         config.preset_vocab = preset_vocab;
-        config.validate().map_err(|(k, m)| key_err(k, m))?;
+        config.validate().map_err(|(k, m)| key_err(&k, m))?;
         Ok(config)
     }
 
@@ -247,18 +265,18 @@ impl RunConfig {
     /// that an explicit one is large enough.
     ///
     /// Errors: an explicit `model.vocab_size` smaller than the data's vocabulary.
-    pub fn resolve_vocab(&mut self, data_vocab: usize) -> Result<(), (&'static str, String)> {
-        if self.model.vocab_size == VOCAB_FROM_DATA {
-            self.model.vocab_size = match self.preset_vocab {
+    pub fn resolve_vocab(&mut self, data_vocab: usize) -> Result<(), (String, String)> {
+        if self.model.vocab_size() == VOCAB_FROM_DATA {
+            self.model.set_vocab_size(match self.preset_vocab {
                 Some(preset) if preset >= data_vocab => preset,
                 _ => data_vocab,
-            };
-        } else if self.model.vocab_size < data_vocab {
+            });
+        } else if self.model.vocab_size() < data_vocab {
             return Err((
-                "model.vocab_size",
+                "model.vocab_size".into(),
                 format!(
                     "{} is smaller than the prepared data's vocabulary ({data_vocab} tokens)",
-                    self.model.vocab_size
+                    self.model.vocab_size()
                 ),
             ));
         }
@@ -272,10 +290,22 @@ impl RunConfig {
 
     /// Tokens per optimizer step (every window has `block_size` scored targets).
     pub fn tokens_per_step(&self, world_size: usize) -> usize {
-        self.sequences_per_step(world_size) * self.model.block_size
+        self.sequences_per_step(world_size) * self.model.block_size()
     }
 
-    fn validate(&self) -> Result<(), (&'static str, String)> {
+    fn validate(&self) -> Result<(), (String, String)> {
+        self.validate_fields()
+            .map_err(|(key, message)| (key.to_string(), message))?;
+        let mut probe = self.model.clone();
+        if probe.vocab_size() == VOCAB_FROM_DATA {
+            probe.set_vocab_size(1);
+        }
+        probe
+            .validate()
+            .map_err(|e| (format!("model.{}", e.field), e.message))
+    }
+
+    fn validate_fields(&self) -> Result<(), (&'static str, String)> {
         let positive = |key, v: u64| {
             if v == 0 {
                 Err((key, "must be at least 1, got 0".to_string()))
@@ -331,41 +361,47 @@ impl RunConfig {
                 format!("must be ≥ warmup_steps ({}), got {decay}", o.warmup_steps),
             ));
         }
-        if self.model.vocab_size != VOCAB_FROM_DATA {
-            self.model.validate().map_err(|e| (e.field, e.message))?;
-        } else {
-            let mut probe = self.model.clone();
-            probe.vocab_size = 1;
-            probe.validate().map_err(|e| (e.field, e.message))?;
-        }
         Ok(())
     }
 }
 
-/// Builds the `[model]` table: the preset's fields (if `preset` is given), overlaid with the
-/// explicit keys; unknown keys are errors. An omitted `vocab_size` becomes
-/// [`VOCAB_FROM_DATA`], and the preset's is returned beside the table. Returns
-/// `(key, message)` on error.
+/// Builds the `[model]` table: the preset's fields (if `preset` is given) or the
+/// architecture's defaults, overlaid with the explicit keys; unknown keys are errors. An
+/// omitted `vocab_size` becomes [`VOCAB_FROM_DATA`], and the preset's is returned beside the
+/// table. Returns `(key, message)` on error.
 fn resolve_model(mut user: toml::Table) -> Result<(toml::Table, Option<usize>), (String, String)> {
-    let reference = table_of(&GptConfig::preset("tiny").expect("the tiny preset exists"));
-    let mut model = match user.remove("preset") {
-        // Burn's `Config` derive does not apply its defaults when deserializing: start from
-        // them, leaving out the sizes that have none.
-        None => {
-            let mut defaults = table_of(&GptConfig::new(1, 1, 1, 1, 1));
-            for required in ["vocab_size", "n_layer", "n_head", "d_model", "block_size"] {
-                defaults.remove(required);
-            }
-            defaults
+    let arch = match user.remove("arch") {
+        None => None,
+        Some(toml::Value::String(arch)) if arch == "gpt2" || arch == "llama" => Some(arch),
+        Some(other) => {
+            return Err((
+                "model.arch".into(),
+                format!("expected \"gpt2\" or \"llama\", got {other}"),
+            ))
         }
-        Some(toml::Value::String(name)) => match GptConfig::preset(&name) {
-            Some(preset) => table_of(&preset),
+    };
+    let mut model = match user.remove("preset") {
+        None => arch_defaults(arch.as_deref().unwrap_or("gpt2")),
+        Some(toml::Value::String(name)) => match ModelConfig::preset(&name) {
+            Some(preset) => {
+                if arch.as_deref().is_some_and(|a| a != preset.arch()) {
+                    return Err((
+                        "model.arch".into(),
+                        format!(
+                            "{:?} contradicts preset {name:?}, which is {:?}",
+                            arch.unwrap(),
+                            preset.arch()
+                        ),
+                    ));
+                }
+                table_of(&preset)
+            }
             None => {
                 return Err((
                     "model.preset".into(),
                     format!(
                         "unknown preset {name:?}; expected one of {:?}",
-                        ember_model::PRESETS
+                        ember_model::lm::preset_names()
                     ),
                 ))
             }
@@ -377,13 +413,24 @@ fn resolve_model(mut user: toml::Table) -> Result<(toml::Table, Option<usize>), 
             ))
         }
     };
+    let arch = model["arch"]
+        .as_str()
+        .expect("every model table has an arch")
+        .to_string();
+    let reference = table_of(&reference_config(&arch));
     let explicit_vocab = user.contains_key("vocab_size");
     for (key, value) in user {
         if !reference.contains_key(&key) {
-            let known: Vec<&str> = reference.keys().map(String::as_str).collect();
+            let known: Vec<&str> = reference
+                .keys()
+                .map(String::as_str)
+                .filter(|k| *k != "arch")
+                .collect();
             return Err((
                 format!("model.{key}"),
-                format!("unknown key; expected `preset` or one of {known:?}"),
+                format!(
+                    "unknown key for arch {arch:?}; expected `arch`, `preset` or one of {known:?}"
+                ),
             ));
         }
         model.insert(key, value);
@@ -402,8 +449,34 @@ fn resolve_model(mut user: toml::Table) -> Result<(toml::Table, Option<usize>), 
     Ok((model, preset_vocab))
 }
 
-fn table_of(config: &GptConfig) -> toml::Table {
-    toml::Table::try_from(config).expect("GptConfig serializes to a TOML table")
+/// A complete config of `arch`, whose keys are the ones `[model]` accepts.
+fn reference_config(arch: &str) -> ModelConfig {
+    match arch {
+        "llama" => ModelConfig::Llama(LlamaConfig::new(1, 1, 1, 1, 2, 1, 1)),
+        _ => ModelConfig::Gpt2(GptConfig::new(1, 1, 1, 1, 1)),
+    }
+}
+
+/// Burn's `Config` derive does not apply its defaults when deserializing: start from them,
+/// leaving out the sizes that have none.
+fn arch_defaults(arch: &str) -> toml::Table {
+    let mut defaults = table_of(&reference_config(arch));
+    for required in [
+        "vocab_size",
+        "n_layer",
+        "n_head",
+        "n_kv_head",
+        "d_model",
+        "d_ff",
+        "block_size",
+    ] {
+        defaults.remove(required);
+    }
+    defaults
+}
+
+fn table_of(config: &ModelConfig) -> toml::Table {
+    toml::Table::try_from(config).expect("a model config serializes to a TOML table")
 }
 
 /// Applies one `key=value` override to the raw TOML table.
@@ -464,11 +537,14 @@ lr = 1e-3
     #[test]
     fn preset_fields_are_overlaid_by_explicit_keys() {
         let mut c = load(BASE, &[]).unwrap();
-        assert_eq!(c.model.n_layer, 3);
-        assert_eq!(c.model.d_model, 32);
+        let ModelConfig::Gpt2(m) = &c.model else {
+            panic!("tiny is a GPT-2 preset")
+        };
+        assert_eq!((m.n_layer, m.d_model), (3, 32));
         c.resolve_vocab(50).unwrap();
         assert_eq!(
-            c.model.vocab_size, 64,
+            c.model.vocab_size(),
+            64,
             "the preset's vocabulary holds the data's"
         );
         assert_eq!(c.optimizer.lr_decay_steps, Some(10));
@@ -501,7 +577,7 @@ lr = 1e-3
             (7, 3, 2, 4, 5)
         );
         assert_eq!(c.optimizer.lr, 0.01);
-        assert_eq!(c.model.dropout, 0.1);
+        assert!(matches!(&c.model, ModelConfig::Gpt2(m) if m.dropout == 0.1));
     }
 
     #[test]
@@ -516,7 +592,10 @@ lr = 1e-3
     #[test]
     fn unknown_model_and_optimizer_keys_are_errors() {
         let err = load(BASE, &["model.n_heads=2"]).unwrap_err().to_string();
-        assert!(err.contains("key `model.n_heads`: unknown key"), "{err}");
+        assert!(
+            err.contains("key `model.n_heads`: unknown key for arch \"gpt2\""),
+            "{err}"
+        );
         let err = load(BASE, &["optimizer.learning_rate=2"])
             .unwrap_err()
             .to_string();
@@ -534,7 +613,7 @@ lr = 1e-3
         assert!(err.contains("key `micro_batch_size`"), "{err}");
         let err = load(BASE, &["model.n_head=5"]).unwrap_err().to_string();
         assert!(
-            err.contains("key `d_model`") && err.contains("divisible by n_head (5)"),
+            err.contains("key `model.d_model`") && err.contains("divisible by n_head (5)"),
             "{err}"
         );
         let err = load(BASE, &["optimizer.min_lr=1"]).unwrap_err().to_string();
@@ -569,9 +648,12 @@ lr = 1e-3
         let text = "max_steps = 1\nmicro_batch_size = 1\n[model]\nn_layer = 1\nn_head = 1\nd_model = 8\nblock_size = 4\n";
         let mut c = load(text, &[]).unwrap();
         c.resolve_vocab(66).unwrap();
-        assert_eq!(c.model.vocab_size, 66);
+        assert_eq!(c.model.vocab_size(), 66);
+        let ModelConfig::Gpt2(m) = &c.model else {
+            panic!("gpt2 is the default arch")
+        };
         assert_eq!(
-            (c.model.dropout, c.model.bias, c.model.tie_embeddings),
+            (m.dropout, m.bias, m.tie_embeddings),
             (0.0, true, true),
             "Burn's defaults"
         );
@@ -590,12 +672,13 @@ lr = 1e-3
         let mut preset_too_small = load(BASE, &[]).unwrap();
         preset_too_small.resolve_vocab(66).unwrap();
         assert_eq!(
-            preset_too_small.model.vocab_size, 66,
+            preset_too_small.model.vocab_size(),
+            66,
             "data's vocabulary when the preset's is smaller"
         );
         let mut gpt2 = load(BASE, &["model.preset=\"gpt2\""]).unwrap();
         gpt2.resolve_vocab(50257).unwrap();
-        assert_eq!(gpt2.model.vocab_size, 50304, "GPT-2's padded vocabulary");
+        assert_eq!(gpt2.model.vocab_size(), 50304, "GPT-2's padded vocabulary");
     }
 
     #[test]
@@ -612,5 +695,28 @@ lr = 1e-3
         let c = load(BASE, &["accumulation_steps=4"]).unwrap();
         assert_eq!(c.sequences_per_step(1), 8);
         assert_eq!(c.tokens_per_step(2), 2 * 4 * 2 * 16);
+    }
+
+    #[test]
+    fn llama_models_come_from_a_preset_or_explicit_fields() {
+        let c = load(BASE, &["model.preset=\"llama-tiny\"", "model.n_layer=3"]).unwrap();
+        let ModelConfig::Llama(m) = &c.model else {
+            panic!("llama-tiny is a Llama preset")
+        };
+        assert_eq!((m.n_layer, m.n_head, m.n_kv_head), (3, 4, 2));
+        let text = "max_steps = 1\nmicro_batch_size = 1\n[model]\narch = \"llama\"\nn_layer = 1\nn_head = 2\nn_kv_head = 1\nd_model = 8\nd_ff = 16\nblock_size = 4\n";
+        let c = load(text, &[]).unwrap();
+        assert!(
+            matches!(&c.model, ModelConfig::Llama(m) if m.rope_theta == 10000.0 && !m.tie_embeddings)
+        );
+        let err = load(BASE, &["model.n_kv_head=1"]).unwrap_err().to_string();
+        assert!(
+            err.contains("key `model.n_kv_head`: unknown key for arch \"gpt2\""),
+            "{err}"
+        );
+        let err = load(BASE, &["model.arch=\"llama\""])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("contradicts preset \"tiny\""), "{err}");
     }
 }

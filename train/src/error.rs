@@ -55,6 +55,9 @@ pub enum TrainError {
         /// The value.
         value: f64,
     },
+    /// Hugging Face weights could not be read, written, or do not fit the model.
+    #[error(transparent)]
+    Weights(#[from] ember_model::hf::HfError),
     /// The requested backend is unavailable.
     #[error("backend: {0}")]
     Backend(String),

@@ -3,7 +3,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Tensor};
 use ember_data::{PreparedData, Split, WindowSampler};
-use ember_model::Gpt;
+use ember_model::LanguageModel;
 
 use crate::batch::to_tensors;
 use crate::error::TrainError;
@@ -20,7 +20,7 @@ pub const EVAL_STEP_BASE: u64 = 1 << 62;
 ///
 /// Errors: the split holds fewer than `block_size + 1` tokens.
 pub fn evaluate<B: Backend>(
-    model: &Gpt<B>,
+    model: &LanguageModel<B>,
     data: &PreparedData,
     split: Split,
     sampler: &WindowSampler,

@@ -24,6 +24,7 @@ pub mod sample;
 pub mod schedule;
 pub mod step;
 pub mod trained;
+pub mod verify;
 
 pub use backend::{run_on, BackendTask};
 pub use config::{BackendKind, OptimizerConfig, RunConfig};

@@ -11,7 +11,7 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ElementConversion;
 use ember_data::{PrepareOptions, PreparedData, Split, TokenizerKind, WindowSampler};
-use ember_model::Gpt;
+use ember_model::LanguageModel;
 
 use crate::checkpoint::{self, TrainState, CHECKPOINT_VERSION};
 use crate::config::{ConfigError, RunConfig};
@@ -45,6 +45,8 @@ pub struct RunSummary {
     pub final_val_loss: Option<f64>,
     /// Wall-clock seconds of this session.
     pub wall_s: f64,
+    /// Wall-clock seconds of the whole run, all sessions.
+    pub elapsed_s: f64,
     /// Mean training throughput of this session, tokens/s of step time.
     pub tokens_per_sec: f64,
     /// True when stopped before `max_steps` (a checkpoint was written).
@@ -118,7 +120,7 @@ pub fn train<B: AutodiffBackend>(
     let session = Instant::now();
     fs::create_dir_all(&run_dir).map_err(TrainError::io(&run_dir))?;
     if !resume {
-        ensure_fresh(&run_dir)?;
+        ensure_fresh(&run_dir, log)?;
     }
     let data = open_data(&mut config, &run_dir)?;
     config
@@ -135,7 +137,7 @@ pub fn train<B: AutodiffBackend>(
     };
 
     B::seed(&device, config.seed);
-    let mut model: Gpt<B> = config.model.init(&device).map_err(model_err)?;
+    let mut model: LanguageModel<B> = config.model.init(&device).map_err(model_err)?;
     let mut optimizer = AdamWGroups::new(&config.optimizer, &model);
     let data_tokens = (data.meta.train_tokens, data.meta.val_tokens);
     let mut state = TrainState {
@@ -147,10 +149,25 @@ pub fn train<B: AutodiffBackend>(
         next_data_step: 1,
         data_tokens,
     };
+    if let (Some(path), false) = (&config.init_from, resume) {
+        model = ember_model::hf::load(model, path)?;
+        log(&format!("initialized from {}", path.display()));
+    }
     if resume {
         let dir = checkpoint::latest(&run_dir)?;
         state = checkpoint::load_state(&dir)?;
         check_resumable(&config, &state, &dir, data_tokens)?;
+        if config.max_steps <= state.step {
+            return Err(ConfigError::Key {
+                path: run_dir.join(files::CONFIG),
+                key: "max_steps".into(),
+                message: format!(
+                    "{} is not beyond the checkpoint's step {}: nothing to train; raise it with --set max_steps=N",
+                    config.max_steps, state.step
+                ),
+            }
+            .into());
+        }
         model = checkpoint::load_model(&dir, model, &device)?;
         optimizer = checkpoint::load_optimizer(&dir, optimizer, &device)?;
         metrics::truncate_after(&run_dir.join(files::METRICS), state.step)?;
@@ -166,9 +183,9 @@ pub fn train<B: AutodiffBackend>(
 
     let tokens_per_step = config.tokens_per_step(1) as u64;
     log(&format!(
-        "model: {} parameters ({} without position embeddings); {}",
+        "model: {} with {} parameters; {}",
+        config.model.arch(),
         model.num_params(),
-        model.num_params_without_positions(),
         optimizer.census
     ));
     log(&format!(
@@ -181,7 +198,7 @@ pub fn train<B: AutodiffBackend>(
     log(&format!(
         "global batch: {} sequences × {} tokens = {} tokens per optimizer step (micro-batch {} × {} accumulation steps × 1 worker)",
         config.sequences_per_step(1),
-        config.model.block_size,
+        config.model.block_size(),
         tokens_per_step,
         config.micro_batch_size,
         config.accumulation_steps
@@ -194,11 +211,11 @@ pub fn train<B: AutodiffBackend>(
         warmup_steps: o.warmup_steps,
         decay_steps: o.lr_decay_steps.unwrap_or(config.max_steps),
     };
-    let sampler = WindowSampler::new(config.seed, config.model.block_size);
+    let sampler = WindowSampler::new(config.seed, config.model.block_size());
     let mut metrics_log = MetricsLog::open(&run_dir.join(files::METRICS))?;
     let elapsed = |state: &TrainState| state.elapsed_s + session.elapsed().as_secs_f64();
     let mut final_val_loss = None;
-    let val_loss = |model: &Gpt<B>| {
+    let val_loss = |model: &LanguageModel<B>| {
         evaluate(
             &model.valid(),
             &data,
@@ -316,20 +333,28 @@ pub fn train<B: AutodiffBackend>(
         steps: state.step,
         final_val_loss,
         wall_s: session.elapsed().as_secs_f64(),
+        elapsed_s: elapsed(&state),
         tokens_per_sec: session_tokens as f64 / session_step_s.max(1e-9),
         stopped_early,
     })
 }
 
-/// A new run must not overwrite another one.
-fn ensure_fresh(run_dir: &Path) -> Result<(), TrainError> {
-    for name in ["checkpoints", files::METRICS] {
-        if run_dir.join(name).exists() {
-            return Err(TrainError::RunDirTaken {
-                path: run_dir.into(),
-                found: name.into(),
-            });
-        }
+/// A new run must not overwrite another one. A run directory without a checkpoint holds
+/// nothing to resume (the run stopped before its first checkpoint): its metrics are replaced.
+fn ensure_fresh(run_dir: &Path, log: &mut dyn FnMut(&str)) -> Result<(), TrainError> {
+    if run_dir.join("checkpoints").join("latest").exists() {
+        return Err(TrainError::RunDirTaken {
+            path: run_dir.into(),
+            found: "checkpoints".into(),
+        });
+    }
+    let metrics = run_dir.join(files::METRICS);
+    if metrics.exists() {
+        fs::remove_file(&metrics).map_err(TrainError::io(&metrics))?;
+        log(&format!(
+            "{} held a run that stopped before its first checkpoint: starting over",
+            run_dir.display()
+        ));
     }
     Ok(())
 }

@@ -1,9 +1,8 @@
 //! Text generation: temperature and top-k sampling from a trained model.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData};
 use ember_data::Tokenizer;
-use ember_model::Gpt;
+use ember_model::{argmax, LanguageModel};
 use rand::distr::weighted::WeightedIndex;
 use rand::distr::Distribution;
 use rand::SeedableRng;
@@ -24,17 +23,19 @@ pub struct SampleOptions {
     pub top_k: Option<usize>,
     /// Seed of the sampling RNG (ChaCha8): same seed, same text.
     pub seed: u64,
+    /// Reuse keys and values of earlier positions (KV cache) instead of recomputing the
+    /// whole context for every token. Same tokens either way.
+    pub use_cache: bool,
 }
 
 /// Generates `max_new_tokens` tokens after the prompt and returns prompt + continuation as
-/// text. The context fed to the model is cropped to its last `block_size` tokens (nanoGPT
-/// `generate`); each step recomputes the whole context. Only ids the tokenizer knows are
-/// sampled, so a model with a padded vocabulary never emits an undecodable id.
+/// text (see [`ember_model::generate`] for the context handling). Only ids the tokenizer
+/// knows are sampled, so a model with a padded vocabulary never emits an undecodable id.
 ///
 /// Errors: a prompt the tokenizer cannot encode; a negative or non-finite temperature;
 /// `top_k` of 0.
 pub fn generate<B: Backend>(
-    model: &Gpt<B>,
+    model: &LanguageModel<B>,
     tokenizer: &Tokenizer,
     options: &SampleOptions,
     device: &B::Device,
@@ -48,60 +49,32 @@ pub fn generate<B: Backend>(
     if options.top_k == Some(0) {
         return Err(TrainError::Sample("--top-k must be at least 1".into()));
     }
-    let mut ids = if options.prompt.is_empty() {
+    let prompt = if options.prompt.is_empty() {
         vec![tokenizer.eos_id()]
     } else {
         tokenizer.encode(&options.prompt)?
     };
-    let prompt_len = if options.prompt.is_empty() {
-        1
-    } else {
-        ids.len()
-    };
     let mut rng = ChaCha8Rng::seed_from_u64(options.seed);
-    for _ in 0..options.max_new_tokens {
-        let context = &ids[ids.len().saturating_sub(model.block_size())..];
-        let input: Vec<i32> = context.iter().map(|&t| t as i32).collect();
-        let tokens =
-            Tensor::<B, 2, Int>::from_data(TensorData::new(input, [1, context.len()]), device);
-        let logits = model.forward(tokens); // [1, T, V]
-        let [_, t, v] = logits.dims();
-        // A padded vocabulary (GPT-2's 50304 for 50257 tokens) has ids no tokenizer decodes:
-        // sample among the tokenizer's ids only.
-        let v = v.min(tokenizer.vocab_size());
-        let last: Vec<f32> = logits
-            .slice([0..1, t - 1..t, 0..v])
-            .into_data()
-            .convert::<f32>()
-            .to_vec()
-            .expect("f32 logits");
-        ids.push(pick(&last, options, &mut rng));
-    }
-    let start = if options.prompt.is_empty() {
-        prompt_len
-    } else {
-        0
-    };
+    let vocab = tokenizer.vocab_size();
+    // A padded vocabulary (GPT-2's 50304 for 50257 tokens) has ids no tokenizer decodes.
+    let next = |logits: &[f32]| pick(&logits[..vocab.min(logits.len())], options, &mut rng);
+    let ids = ember_model::generate(
+        model,
+        &prompt,
+        options.max_new_tokens,
+        options.use_cache,
+        device,
+        next,
+    );
+    let start = if options.prompt.is_empty() { 1 } else { 0 };
     Ok(tokenizer.decode(&ids[start..])?)
 }
 
-/// Picks the next token from one row of logits.
+/// Picks the next token from one row of logits: greedy at temperature 0, else a draw from
+/// `softmax(logits / temperature)` restricted to the `top_k` largest (nanoGPT `generate`).
 fn pick(logits: &[f32], options: &SampleOptions, rng: &mut ChaCha8Rng) -> u32 {
-    let argmax = || {
-        logits
-            .iter()
-            .enumerate()
-            .fold((0, f32::NEG_INFINITY), |best, (i, &l)| {
-                if l > best.1 {
-                    (i, l)
-                } else {
-                    best
-                }
-            })
-            .0 as u32
-    };
     if options.temperature == 0.0 {
-        return argmax();
+        return argmax(logits);
     }
     let mut scaled: Vec<f64> = logits
         .iter()
@@ -120,7 +93,7 @@ fn pick(logits: &[f32], options: &SampleOptions, rng: &mut ChaCha8Rng) -> u32 {
     let weights: Vec<f64> = scaled.iter().map(|l| (l - max).exp()).collect();
     match WeightedIndex::new(&weights) {
         Ok(dist) => dist.sample(rng) as u32,
-        Err(_) => argmax(),
+        Err(_) => argmax(logits),
     }
 }
 
@@ -135,6 +108,7 @@ mod tests {
             temperature,
             top_k,
             seed: 0,
+            use_cache: true,
         }
     }
 

@@ -4,7 +4,7 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Tensor;
 use ember_data::Batch;
-use ember_model::Gpt;
+use ember_model::LanguageModel;
 
 use crate::batch::to_tensors;
 use crate::error::TrainError;
@@ -29,7 +29,7 @@ pub struct StepOutput<B: burn::tensor::backend::Backend> {
 ///
 /// Errors: [`TrainError::NoScoredTokens`] when no target of any micro-batch is scored.
 pub fn forward_backward<B: AutodiffBackend>(
-    model: &Gpt<B>,
+    model: &LanguageModel<B>,
     micro_batches: &[Batch],
     step: u64,
     device: &B::Device,
@@ -71,14 +71,14 @@ pub fn forward_backward<B: AutodiffBackend>(
 ///
 /// Errors: [`TrainError::NoScoredTokens`] when no target of any micro-batch is scored.
 pub fn train_step<B: AutodiffBackend>(
-    model: Gpt<B>,
-    optimizer: &mut AdamWGroups<Gpt<B>, B>,
+    model: LanguageModel<B>,
+    optimizer: &mut AdamWGroups<LanguageModel<B>, B>,
     micro_batches: &[Batch],
     step: u64,
     lr: f64,
     grad_clip: f64,
     device: &B::Device,
-) -> Result<(Gpt<B>, StepOutput<B::InnerBackend>), TrainError> {
+) -> Result<(LanguageModel<B>, StepOutput<B::InnerBackend>), TrainError> {
     // 1–4. Data, forward, loss, backward (see `forward_backward`).
     let (mut grads, loss, scored_tokens) = forward_backward(&model, micro_batches, step, device)?;
     // 5. Gradient sync: a single worker has nothing to all-reduce.

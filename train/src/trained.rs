@@ -1,70 +1,163 @@
-//! Loading a trained run (`RUN_DIR`) for evaluation and sampling.
+//! Loading a trained model — a run's latest checkpoint, or a config's `init_from` weights —
+//! for evaluation, sampling and export.
 
 use std::fs;
-use std::path::Path;
+use std::path::PathBuf;
 
 use burn::tensor::backend::Backend;
-use ember_data::{Meta, Tokenizer};
-use ember_model::Gpt;
+use ember_data::{Meta, PreparedData, Tokenizer};
+use ember_model::LanguageModel;
 
 use crate::checkpoint;
 use crate::config::{ConfigError, RunConfig};
 use crate::error::TrainError;
 use crate::run::files;
 
-/// A run's resolved configuration and the prepared data's metadata (its tokenizer).
-pub struct RunInfo {
-    /// `RUN_DIR/config.toml`.
-    pub config: RunConfig,
-    /// `RUN_DIR/data_meta.json`.
-    pub meta: Meta,
+/// Where the weights come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Source {
+    /// A run directory: `config.toml`, `data_meta.json`, the latest checkpoint.
+    Run(PathBuf),
+    /// A run configuration whose `init_from` names Hugging Face weights.
+    Config(PathBuf),
 }
 
-impl RunInfo {
-    /// Reads `RUN_DIR/config.toml` (with `overrides`) and `RUN_DIR/data_meta.json`.
+/// A model's resolved configuration and the metadata of its data (its tokenizer).
+pub struct Trained {
+    /// Where it comes from.
+    pub source: Source,
+    /// The resolved configuration.
+    pub config: RunConfig,
+    /// The prepared data's metadata, when known.
+    pub meta: Option<Meta>,
+}
+
+impl Trained {
+    /// Reads the configuration (and data metadata) of `source`.
     ///
-    /// Errors: either file missing or invalid (the message says which).
-    pub fn read(run_dir: &Path, overrides: &[String]) -> Result<Self, TrainError> {
-        let config_path = run_dir.join(files::CONFIG);
-        if !config_path.exists() {
-            return Err(TrainError::Checkpoint {
-                path: run_dir.into(),
-                message: format!("not a run directory: {} is missing", files::CONFIG),
-            });
+    /// Errors: not a run directory; a bad config; a config without `init_from`; a vocabulary
+    /// size that neither the config nor the data gives.
+    pub fn open(source: Source) -> Result<Self, TrainError> {
+        match &source {
+            Source::Run(run_dir) => {
+                let config_path = run_dir.join(files::CONFIG);
+                if !config_path.exists() {
+                    return Err(TrainError::Checkpoint {
+                        path: run_dir.clone(),
+                        message: format!("not a run directory: {} is missing", files::CONFIG),
+                    });
+                }
+                let config = RunConfig::load(&config_path, &[])?;
+                let meta_path = run_dir.join(files::DATA_META);
+                let bytes = fs::read(&meta_path).map_err(TrainError::io(&meta_path))?;
+                let meta = serde_json::from_slice(&bytes).map_err(|e| TrainError::Checkpoint {
+                    path: meta_path,
+                    message: format!("invalid data metadata: {e}"),
+                })?;
+                Ok(Self {
+                    source,
+                    config,
+                    meta: Some(meta),
+                })
+            }
+            Source::Config(path) => {
+                let mut config = RunConfig::load(path, &[])?;
+                let key_err = |key: &str, message: String| ConfigError::Key {
+                    path: path.clone(),
+                    key: key.into(),
+                    message,
+                };
+                if config.init_from.is_none() {
+                    return Err(key_err(
+                        "init_from",
+                        "missing: the weights to load (Hugging Face safetensors)".into(),
+                    )
+                    .into());
+                }
+                let meta = match &config.data {
+                    Some(dir) if dir.join(ember_data::META_FILE).exists() => Some(Meta::read(dir)?),
+                    _ => None,
+                };
+                let data_vocab = meta.as_ref().map_or(0, |m| m.vocab_size);
+                config
+                    .resolve_vocab(data_vocab)
+                    .map_err(|(k, m)| key_err(&k, m))?;
+                if config.model.vocab_size() == 0 {
+                    return Err(key_err(
+                        "model.vocab_size",
+                        "missing: give it, a preset, or prepared `data`".into(),
+                    )
+                    .into());
+                }
+                Ok(Self {
+                    source,
+                    config,
+                    meta,
+                })
+            }
         }
-        let config = RunConfig::load(&config_path, overrides)?;
-        let meta_path = run_dir.join(files::DATA_META);
-        let bytes = fs::read(&meta_path).map_err(TrainError::io(&meta_path))?;
-        let meta = serde_json::from_slice(&bytes).map_err(|e| TrainError::Checkpoint {
-            path: meta_path,
-            message: format!("invalid data metadata: {e}"),
-        })?;
-        Ok(Self { config, meta })
     }
 
-    /// The tokenizer the run was trained with.
-    pub fn tokenizer(&self) -> Result<Tokenizer, TrainError> {
-        Ok(Tokenizer::from_spec(&self.meta.tokenizer)?)
-    }
-
-    /// The model of the latest checkpoint, on `device`.
+    /// The tokenizer: the prepared data's, else GPT-2's when `tokenizer = "gpt2"`.
     ///
-    /// Errors: no checkpoint, or weights that do not fit the configured model.
+    /// Errors: a char model without its prepared data (its vocabulary lives there).
+    pub fn tokenizer(&self) -> Result<Tokenizer, TrainError> {
+        match (&self.meta, self.config.tokenizer.as_str()) {
+            (Some(meta), _) => Ok(Tokenizer::from_spec(&meta.tokenizer)?),
+            (None, "gpt2") => Ok(Tokenizer::gpt2()),
+            (None, other) => Err(TrainError::Sample(format!(
+                "no tokenizer: a {other:?} tokenizer's vocabulary comes from the prepared data; set `data` to it"
+            ))),
+        }
+    }
+
+    /// The prepared data, for evaluation.
+    pub fn data(&self) -> Result<PreparedData, TrainError> {
+        let dir = self.config.data.clone().ok_or_else(|| ConfigError::Key {
+            path: self.config_path(),
+            key: "data".into(),
+            message: "missing: evaluation needs prepared data".into(),
+        })?;
+        Ok(PreparedData::open(&dir)?)
+    }
+
+    /// The optimizer step of the weights (0 for `init_from` weights).
+    pub fn step(&self) -> Result<u64, TrainError> {
+        match &self.source {
+            Source::Run(dir) => Ok(checkpoint::load_state(&checkpoint::latest(dir)?)?.step),
+            Source::Config(_) => Ok(0),
+        }
+    }
+
+    /// The model with its weights, on `device`.
+    ///
+    /// Errors: no checkpoint; weights that do not fit the configured model.
     pub fn load_model<B: Backend>(
         &self,
-        run_dir: &Path,
         device: &B::Device,
-    ) -> Result<Gpt<B>, TrainError> {
-        let dir = checkpoint::latest(run_dir)?;
+    ) -> Result<LanguageModel<B>, TrainError> {
         let model = self
             .config
             .model
             .init(device)
             .map_err(|e| ConfigError::Key {
-                path: run_dir.join(files::CONFIG),
+                path: self.config_path(),
                 key: format!("model.{}", e.field),
                 message: e.message,
             })?;
-        checkpoint::load_model(&dir, model, device)
+        match &self.source {
+            Source::Run(dir) => checkpoint::load_model(&checkpoint::latest(dir)?, model, device),
+            Source::Config(_) => {
+                let weights = self.config.init_from.as_ref().expect("checked by open");
+                Ok(ember_model::hf::load(model, weights)?)
+            }
+        }
+    }
+
+    fn config_path(&self) -> PathBuf {
+        match &self.source {
+            Source::Run(dir) => dir.join(files::CONFIG),
+            Source::Config(path) => path.clone(),
+        }
     }
 }

@@ -158,3 +158,49 @@ fn resuming_with_another_model_is_an_error() {
         .to_string();
     assert!(err.contains("model cannot change"), "{err}");
 }
+
+#[test]
+fn a_run_that_stopped_before_its_first_checkpoint_can_be_started_again() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let data = prepared_corpus(dir.path());
+    let run_dir = dir.path().join("run");
+    std::fs::create_dir_all(&run_dir).unwrap();
+    std::fs::write(run_dir.join("metrics.jsonl"), "{\"kind\":\"eval\",\"step\":0,\"val_loss\":9.0,\"val_perplexity\":1.0,\"elapsed_s\":0.0}\n").unwrap();
+    let options = RunOptions {
+        config: tiny_config(&data, &["max_steps=1"]),
+        run_dir: run_dir.clone(),
+        resume: true,
+        stop: Arc::default(),
+    };
+    let err = train::<B>(options, Default::default(), &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("stopped before its first checkpoint"), "{err}");
+    fresh(tiny_config(&data, &["max_steps=1"]), &run_dir);
+    let (_, evals) = trajectory(&run_dir);
+    assert_ne!(evals[0].1, 9.0, "the old metrics were replaced");
+}
+
+#[test]
+fn resuming_without_more_steps_is_an_error() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let data = prepared_corpus(dir.path());
+    let run_dir = dir.path().join("run");
+    fresh(tiny_config(&data, &["max_steps=2"]), &run_dir);
+    let config = RunConfig::load(&run_dir.join("config.toml"), &[]).unwrap();
+    let options = RunOptions {
+        config,
+        run_dir,
+        resume: true,
+        stop: Arc::default(),
+    };
+    let err = train::<B>(options, Default::default(), &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("key `max_steps`: 2 is not beyond the checkpoint's step 2"),
+        "{err}"
+    );
+}

@@ -14,12 +14,10 @@ use ember_train::optim::{clip_grad_norm, AdamWGroups};
 use ember_train::step::forward_backward;
 use ember_train::OptimizerConfig;
 
-fn tiny_model(seed: u64) -> ember_model::Gpt<B> {
+fn tiny_model(seed: u64) -> ember_model::LanguageModel<B> {
     B::seed(&Default::default(), seed);
-    GptConfig::preset("tiny")
-        .unwrap()
-        .init::<B>(&Default::default())
-        .unwrap()
+    let config = ember_model::ModelConfig::Gpt2(GptConfig::preset("tiny").unwrap());
+    config.init::<B>(&Default::default()).unwrap()
 }
 
 fn loss_of(out: &Tensor<<B as burn::tensor::backend::AutodiffBackend>::InnerBackend, 1>) -> f64 {

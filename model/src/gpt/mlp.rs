@@ -6,7 +6,7 @@ use burn::tensor::activation::gelu;
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
-use crate::config::{GeluKind, GptConfig};
+use super::config::{GeluKind, GptConfig};
 use crate::init;
 
 /// GPT-2's MLP (Radford et al. 2018 §3.1; Vaswani et al. 2017 eq. 2 with GELU):

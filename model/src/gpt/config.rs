@@ -2,7 +2,8 @@
 
 use burn::config::Config;
 use serde::{Deserialize, Serialize};
-use std::fmt;
+
+use crate::error::ConfigError;
 
 /// Which GELU the MLP uses.
 ///
@@ -51,23 +52,6 @@ pub struct GptConfig {
     #[config(default = 1e-5)]
     pub layer_norm_eps: f64,
 }
-
-/// A [`GptConfig`] that cannot build a model: names the field and what was expected.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ConfigError {
-    /// The offending field, e.g. `"d_model"`.
-    pub field: &'static str,
-    /// What is wrong and what was expected.
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "model.{}: {}", self.field, self.message)
-    }
-}
-
-impl std::error::Error for ConfigError {}
 
 /// Names accepted by [`GptConfig::preset`].
 pub const PRESETS: &[&str] = &[

@@ -5,9 +5,10 @@ use burn::nn::{LayerNorm, LayerNormConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
-use crate::attention::CausalSelfAttention;
-use crate::config::GptConfig;
-use crate::mlp::Mlp;
+use super::attention::CausalSelfAttention;
+use super::config::GptConfig;
+use super::mlp::Mlp;
+use crate::attention::LayerCache;
 
 /// `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`.
 #[derive(Module, Debug)]
@@ -33,9 +34,10 @@ impl<B: Backend> Block<B> {
         }
     }
 
-    /// `x`: `[batch, seq_len, d_model]` → `[batch, seq_len, d_model]`.
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let x = x.clone() + self.attn.forward(self.ln_1.forward(x));
+    /// `x`: `[batch, seq_len, d_model]` → `[batch, seq_len, d_model]` (with a cache: the new
+    /// positions only).
+    pub fn forward(&self, x: Tensor<B, 3>, cache: Option<LayerCache<'_, B>>) -> Tensor<B, 3> {
+        let x = x.clone() + self.attn.forward(self.ln_1.forward(x), cache);
         x.clone() + self.mlp.forward(self.ln_2.forward(x))
     }
 }

@@ -1,13 +1,15 @@
 //! The GPT model: embeddings, blocks, final LayerNorm, LM head.
 
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Embedding, LayerNorm, Linear};
 use burn::tensor::backend::Backend;
 use burn::tensor::module::linear;
 use burn::tensor::{Int, Tensor};
 
-use crate::block::{layer_norm, Block};
-use crate::config::{ConfigError, GptConfig};
+use super::block::{layer_norm, Block};
+use super::config::GptConfig;
+use crate::attention::{KvCache, LayerCache};
+use crate::error::ConfigError;
 use crate::init;
 
 /// A GPT-2-style decoder-only Transformer (Radford et al. 2019; nanoGPT `model.py`).
@@ -54,10 +56,7 @@ impl GptConfig {
             drop: DropoutConfig::new(self.dropout).init(),
             block_size: self.block_size,
         };
-        // Burn initializes parameters lazily, at first use, and a clone of an uninitialized
-        // parameter draws its own values. Draw them all now, in a fixed order, so the weights
-        // depend only on the backend seed set before this call.
-        model.visit(&mut Materialize);
+        init::materialize(&model);
         Ok(model)
     }
 }
@@ -72,23 +71,58 @@ impl<B: Backend> Gpt<B> {
     /// # Panics
     /// If `seq_len > block_size` (callers crop; the CLI validates before calling).
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        let hidden = self.forward_hidden(tokens);
-        self.lm_head(hidden)
+        self.lm_head(self.hidden(tokens, None))
     }
 
-    /// The final hidden states after `ln_f`: `[batch, seq_len]` → `[batch, seq_len, d_model]`.
-    pub fn forward_hidden(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+    /// Incremental decoding: logits `[batch, new, vocab_size]` of the `new` tokens `tokens`
+    /// (`[batch, new]`) that follow the cached positions; appends their keys and values to
+    /// `cache`. Equal to the last `new` positions of [`Gpt::forward`] on the whole sequence.
+    ///
+    /// # Panics
+    /// If `cache.len() + new > block_size`.
+    pub fn forward_cached(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        cache: &mut KvCache<B>,
+    ) -> Tensor<B, 3> {
+        let new = tokens.dims()[1];
+        let logits = self.lm_head(self.hidden(tokens, Some(cache)));
+        cache.advance(new);
+        logits
+    }
+
+    /// An empty cache for [`Gpt::forward_cached`].
+    pub fn new_cache(&self) -> KvCache<B> {
+        KvCache::new(self.h.len())
+    }
+
+    /// Final hidden states after `ln_f`: `[batch, seq_len]` → `[batch, seq_len, d_model]`,
+    /// positions starting after the cached ones.
+    fn hidden(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        mut cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3> {
         let [_, seq_len] = tokens.dims();
+        let start = cache.as_ref().map_or(0, |c| c.len());
         assert!(
-            seq_len <= self.block_size,
-            "sequence of {seq_len} tokens is longer than the context length (block_size {})",
+            start + seq_len <= self.block_size,
+            "{} positions exceed the context length (block_size {})",
+            start + seq_len,
             self.block_size
         );
         let device = tokens.device();
-        let positions = Tensor::<B, 1, Int>::arange(0..seq_len as i64, &device).unsqueeze::<2>();
+        let positions =
+            Tensor::<B, 1, Int>::arange(start as i64..(start + seq_len) as i64, &device)
+                .unsqueeze::<2>();
         let x = self.wte.forward(tokens) + self.wpe.forward(positions); // [B, T, C] + [1, T, C]
-        let x = self.drop.forward(x);
-        let x = self.h.iter().fold(x, |x, block| block.forward(x));
+        let mut x = self.drop.forward(x);
+        for (layer, block) in self.h.iter().enumerate() {
+            let layer_cache = cache
+                .as_deref_mut()
+                .map(|cache| LayerCache { cache, layer });
+            x = block.forward(x, layer_cache);
+        }
         self.ln_f.forward(x)
     }
 
@@ -116,14 +150,5 @@ impl<B: Backend> Gpt<B> {
     /// which keeps `wte` because it is also the output layer).
     pub fn num_params_without_positions(&self) -> usize {
         self.num_params() - self.wpe.weight.val().shape().num_elements()
-    }
-}
-
-/// Forces lazy parameter initialization (see [`GptConfig::init`]).
-struct Materialize;
-
-impl<B: Backend> ModuleVisitor<B> for Materialize {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let _ = param.val();
     }
 }

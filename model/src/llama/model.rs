@@ -1,0 +1,142 @@
+//! The Llama model: embedding, decoder layers, final RMSNorm, LM head.
+
+use burn::module::Module;
+use burn::nn::{Embedding, Linear, RmsNorm};
+use burn::tensor::backend::Backend;
+use burn::tensor::module::linear;
+use burn::tensor::{Int, Tensor};
+
+use super::block::{rms_norm, LlamaLayer};
+use super::config::LlamaConfig;
+use super::rope::rope_tables;
+use crate::attention::{KvCache, LayerCache};
+use crate::error::ConfigError;
+use crate::init;
+
+/// The body of a Llama model (Hugging Face `LlamaModel`, saved under `model.`).
+#[derive(Module, Debug)]
+pub struct LlamaBody<B: Backend> {
+    /// Token embedding `[vocab_size, d_model]`.
+    pub embed_tokens: Embedding<B>,
+    /// Decoder layers.
+    pub layers: Vec<LlamaLayer<B>>,
+    /// Final RMSNorm.
+    pub norm: RmsNorm<B>,
+}
+
+/// A Llama-style decoder-only Transformer (Touvron et al. 2023; Hugging Face
+/// `LlamaForCausalLM`): parameter paths `model.embed_tokens`, `model.layers.{i}.self_attn.
+/// q_proj`, …, `lm_head` mirror Hugging Face's.
+#[derive(Module, Debug)]
+pub struct Llama<B: Backend> {
+    /// Embedding, layers and final norm.
+    pub model: LlamaBody<B>,
+    /// Untied LM head `[d_model, vocab_size]`; `None` when tied to the embedding.
+    pub lm_head: Option<Linear<B>>,
+    block_size: usize,
+    rope_theta: f64,
+    n_head: usize,
+}
+
+impl LlamaConfig {
+    /// Builds a freshly initialized [`Llama`] on `device`: Linear and embedding weights
+    /// ~ N(0, 0.02), RMSNorm gains 1 (Hugging Face `LlamaPreTrainedModel._init_weights`).
+    ///
+    /// Errors: the config fails [`LlamaConfig::validate`].
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Result<Llama<B>, ConfigError> {
+        self.validate()?;
+        let (v, c) = (self.vocab_size, self.d_model);
+        let model = Llama {
+            model: LlamaBody {
+                embed_tokens: Embedding {
+                    weight: init::normal([v, c], init::INIT_STD, device),
+                },
+                layers: (0..self.n_layer)
+                    .map(|_| LlamaLayer::new(self, device))
+                    .collect(),
+                norm: rms_norm(self, device),
+            },
+            lm_head: (!self.tie_embeddings)
+                .then(|| init::linear(c, v, false, init::INIT_STD, device)),
+            block_size: self.block_size,
+            rope_theta: self.rope_theta,
+            n_head: self.n_head,
+        };
+        init::materialize(&model);
+        Ok(model)
+    }
+}
+
+impl<B: Backend> Llama<B> {
+    /// Logits for every position: `tokens` `[batch, seq_len]` → `[batch, seq_len, vocab]`.
+    ///
+    /// # Panics
+    /// If `seq_len > block_size`.
+    pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        self.lm_head(self.hidden(tokens, None))
+    }
+
+    /// Incremental decoding: logits `[batch, new, vocab]` of `tokens` (`[batch, new]`)
+    /// following the cached positions, whose keys/values are appended to `cache`.
+    ///
+    /// # Panics
+    /// If `cache.len() + new > block_size`.
+    pub fn forward_cached(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        cache: &mut KvCache<B>,
+    ) -> Tensor<B, 3> {
+        let new = tokens.dims()[1];
+        let logits = self.lm_head(self.hidden(tokens, Some(cache)));
+        cache.advance(new);
+        logits
+    }
+
+    /// An empty cache for [`Llama::forward_cached`].
+    pub fn new_cache(&self) -> KvCache<B> {
+        KvCache::new(self.model.layers.len())
+    }
+
+    fn hidden(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        mut cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3> {
+        let [_, seq_len] = tokens.dims();
+        let start = cache.as_ref().map_or(0, |c| c.len());
+        assert!(
+            start + seq_len <= self.block_size,
+            "{} positions exceed the context length (block_size {})",
+            start + seq_len,
+            self.block_size
+        );
+        let device = tokens.device();
+        let mut x = self.model.embed_tokens.forward(tokens);
+        let d_head = x.dims()[2] / self.n_head;
+        let (cos, sin) = rope_tables::<B>(start, seq_len, d_head, self.rope_theta, &device);
+        for (layer, block) in self.model.layers.iter().enumerate() {
+            let layer_cache = cache
+                .as_deref_mut()
+                .map(|cache| LayerCache { cache, layer });
+            x = block.forward(x, cos.clone(), sin.clone(), layer_cache);
+        }
+        self.model.norm.forward(x)
+    }
+
+    /// Hidden states `[batch, seq_len, d_model]` → logits `[batch, seq_len, vocab]`.
+    pub fn lm_head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        match &self.lm_head {
+            Some(head) => head.forward(hidden),
+            None => linear(
+                hidden,
+                self.model.embed_tokens.weight.val().transpose(),
+                None,
+            ),
+        }
+    }
+
+    /// Context length.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+}
