@@ -42,16 +42,10 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--weights" => parsed.weights = Some(value()?.into()),
             "--prompt" => parsed.prompt = value()?,
             "--max-new-tokens" => {
-                parsed.max_new_tokens = value()?
-                    .parse()
-                    .map_err(|e| format!("--max-new-tokens: {e}"))?
+                parsed.max_new_tokens = value()?.parse().map_err(|e| format!("--max-new-tokens: {e}"))?
             }
             "--no-cache" => parsed.use_cache = false,
-            other => {
-                return Err(format!(
-                    "unknown argument {other}; see the file's header for usage"
-                ))
-            }
+            other => return Err(format!("unknown argument {other}; see the file's header for usage")),
         }
     }
     Ok(parsed)
@@ -81,12 +75,9 @@ impl Tokenizer {
 
     fn decode(&self, ids: &[u32]) -> String {
         match self {
-            Tokenizer::Gpt2(bpe) => bpe
-                .decode(ids.to_vec())
-                .unwrap_or_else(|_| format!("{ids:?}")),
+            Tokenizer::Gpt2(bpe) => bpe.decode(ids.to_vec()).unwrap_or_else(|_| format!("{ids:?}")),
             Tokenizer::Bytes => {
-                String::from_utf8_lossy(&ids.iter().map(|&t| t as u8).collect::<Vec<_>>())
-                    .into_owned()
+                String::from_utf8_lossy(&ids.iter().map(|&t| t as u8).collect::<Vec<_>>()).into_owned()
             }
         }
     }
@@ -95,8 +86,7 @@ impl Tokenizer {
 /// Builds the model, generates, and returns the text and the decoding speed (tokens/s).
 fn run(args: &Args) -> Result<(String, f64), String> {
     let device = Default::default();
-    let mut config =
-        ModelConfig::preset(&args.preset).ok_or(format!("unknown preset {:?}", args.preset))?;
+    let mut config = ModelConfig::preset(&args.preset).ok_or(format!("unknown preset {:?}", args.preset))?;
     if args.weights.is_none() && config.vocab_size() < 256 {
         config.set_vocab_size(256); // raw bytes
     }
@@ -109,19 +99,10 @@ fn run(args: &Args) -> Result<(String, f64), String> {
     let prompt = tokenizer.encode(&args.prompt);
     let started = Instant::now();
     // Greedy decoding; only ids the tokenizer knows (GPT-2's padded vocabulary has 47 more).
-    let known = if matches!(tokenizer, Tokenizer::Gpt2(_)) {
-        50257
-    } else {
-        256
-    };
-    let ids = generate(
-        &model,
-        &prompt,
-        args.max_new_tokens,
-        args.use_cache,
-        &device,
-        |logits| argmax(&logits[..known.min(logits.len())]),
-    );
+    let known = if matches!(tokenizer, Tokenizer::Gpt2(_)) { 50257 } else { 256 };
+    let ids = generate(&model, &prompt, args.max_new_tokens, args.use_cache, &device, |logits| {
+        argmax(&logits[..known.min(logits.len())])
+    });
     let speed = args.max_new_tokens as f64 / started.elapsed().as_secs_f64();
     Ok((tokenizer.decode(&ids), speed))
 }
@@ -157,24 +138,14 @@ mod tests {
     #[test]
     fn generates_from_a_tiny_random_model_with_and_without_the_cache() {
         let args = |extra: &[&str]| {
-            let mut a = vec![
-                "--random",
-                "tiny",
-                "--prompt",
-                "Hi",
-                "--max-new-tokens",
-                "12",
-            ];
+            let mut a = vec!["--random", "tiny", "--prompt", "Hi", "--max-new-tokens", "12"];
             a.extend_from_slice(extra);
             parse(a.into_iter().map(String::from)).unwrap()
         };
         let (cached, _) = run(&args(&[])).unwrap();
         let (full, _) = run(&args(&["--no-cache"])).unwrap();
         assert!(cached.starts_with("Hi"));
-        assert_eq!(
-            cached, full,
-            "greedy decoding is the same with and without the cache"
-        );
+        assert_eq!(cached, full, "greedy decoding is the same with and without the cache");
     }
 
     #[test]

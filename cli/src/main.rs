@@ -16,11 +16,7 @@ use ember_train::trained::Source;
 use ember_train::BackendKind;
 
 #[derive(Parser)]
-#[command(
-    name = "ember",
-    version,
-    about = "Train GPT models from the terminal on Burn"
-)]
+#[command(name = "ember", version, about = "Train GPT models from the terminal on Burn")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -126,11 +122,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Prepare(args) => prepare::run(args),
         Command::Train(args) => train::run(args),
-        Command::Eval {
-            source,
-            batches,
-            backend,
-        } => {
+        Command::Eval { source, batches, backend } => {
             let report = ember_train::commands::eval_run(source.source(), batches, backend)?;
             println!(
                 "step {}: train loss {:.4} (ppl {:.2}), val loss {:.4} (ppl {:.2}) over {} batches each",
@@ -143,16 +135,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Sample {
-            source,
-            prompt,
-            max_new_tokens,
-            temperature,
-            top_k,
-            seed,
-            no_cache,
-            backend,
-        } => {
+        Command::Sample { source, prompt, max_new_tokens, temperature, top_k, seed, no_cache, backend } => {
             let options = SampleOptions {
                 prompt,
                 max_new_tokens,
@@ -161,10 +144,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 seed,
                 use_cache: !no_cache,
             };
-            println!(
-                "{}",
-                ember_train::commands::sample_run(source.source(), &options, backend)?
-            );
+            println!("{}", ember_train::commands::sample_run(source.source(), &options, backend)?);
             Ok(())
         }
         Command::Export { run, format, out } => {
@@ -173,8 +153,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Verify { fixture, json } => {
-            let report =
-                ember_train::verify::verify::<Autodiff<Flex>>(&fixture, &Default::default())?;
+            let report = ember_train::verify::verify::<Autodiff<Flex>>(&fixture, &Default::default())?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -182,10 +161,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             if !report.ok {
                 let failed = report.checks.iter().filter(|c| !c.ok).count();
-                anyhow::bail!(
-                    "{failed} of {} checks beyond tolerance",
-                    report.checks.len()
-                );
+                anyhow::bail!("{failed} of {} checks beyond tolerance", report.checks.len());
             }
             Ok(())
         }

@@ -13,12 +13,7 @@ use ember_train::{RunConfig, RunOptions};
 #[derive(Args)]
 pub struct TrainArgs {
     /// The run configuration (TOML; see examples/).
-    #[arg(
-        long,
-        value_name = "FILE.toml",
-        required_unless_present = "resume",
-        conflicts_with = "resume"
-    )]
+    #[arg(long, value_name = "FILE.toml", required_unless_present = "resume", conflicts_with = "resume")]
     config: Option<PathBuf>,
     /// Continue the run in RUN_DIR from its latest checkpoint.
     #[arg(long, value_name = "RUN_DIR")]
@@ -39,21 +34,14 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let (mut config, run_dir, resume) = match (&args.config, &args.resume) {
         (Some(path), None) => {
             let config = RunConfig::load(path, &args.set)?;
-            let name = path
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "run".into());
-            let run_dir = args
-                .run_dir
-                .clone()
-                .unwrap_or_else(|| PathBuf::from("runs").join(name));
+            let name =
+                path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "run".into());
+            let run_dir = args.run_dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(name));
             (config, run_dir, false)
         }
-        (None, Some(run_dir)) => (
-            RunConfig::load(&run_dir.join(files::CONFIG), &args.set)?,
-            run_dir.clone(),
-            true,
-        ),
+        (None, Some(run_dir)) => {
+            (RunConfig::load(&run_dir.join(files::CONFIG), &args.set)?, run_dir.clone(), true)
+        }
         _ => unreachable!("clap requires exactly one of --config and --resume"),
     };
     if let Some(data) = args.data {
@@ -72,12 +60,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
 
     println!("run directory: {}", run_dir.display());
     let summary = ember_train::commands::train_run(
-        RunOptions {
-            config,
-            run_dir: run_dir.clone(),
-            resume,
-            stop,
-        },
+        RunOptions { config, run_dir: run_dir.clone(), resume, stop },
         &mut |line| println!("{line}"),
     )?;
     let val = summary

@@ -4,23 +4,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn ember(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("ember runs")
+    Command::new(env!("CARGO_BIN_EXE_ember")).args(args).current_dir(cwd).output().expect("ember runs")
 }
 
 fn ok(args: &[&str], cwd: &Path) -> String {
     let out = ember(args, cwd);
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(
-        out.status.success(),
-        "ember {args:?} failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
-    );
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "ember {args:?} failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
     stdout.into_owned()
 }
 
@@ -55,23 +45,10 @@ lr_decay_steps = 6
 /// A work directory with a prepared char corpus (`prepared/`) and `tiny.toml`.
 fn workdir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let text: String = (0..150)
-        .map(|i| format!("ALICE:\nLine {i} of the play, said she.\n\n"))
-        .collect();
+    let text: String = (0..150).map(|i| format!("ALICE:\nLine {i} of the play, said she.\n\n")).collect();
     std::fs::write(dir.path().join("corpus.txt"), text).unwrap();
     std::fs::write(dir.path().join("tiny.toml"), CONFIG).unwrap();
-    ok(
-        &[
-            "prepare",
-            "--tokenizer",
-            "char",
-            "--input",
-            "corpus.txt",
-            "--out",
-            "prepared",
-        ],
-        dir.path(),
-    );
+    ok(&["prepare", "--tokenizer", "char", "--input", "corpus.txt", "--out", "prepared"], dir.path());
     dir
 }
 
@@ -82,12 +59,7 @@ fn losses(run_dir: PathBuf) -> Vec<(u64, String, f64)> {
         .map(|line| {
             let v: serde_json::Value = serde_json::from_str(line).unwrap();
             let kind = v["kind"].as_str().unwrap().to_string();
-            let loss = v
-                .get("loss")
-                .or_else(|| v.get("val_loss"))
-                .unwrap()
-                .as_f64()
-                .unwrap();
+            let loss = v.get("loss").or_else(|| v.get("val_loss")).unwrap().as_f64().unwrap();
             (v["step"].as_u64().unwrap(), kind, loss)
         })
         .collect()
@@ -97,22 +69,8 @@ fn losses(run_dir: PathBuf) -> Vec<(u64, String, f64)> {
 fn six_steps_equal_three_steps_then_resume_in_a_new_process() {
     let dir = workdir();
     let w = dir.path();
-    ok(
-        &["train", "--config", "tiny.toml", "--run-dir", "straight"],
-        w,
-    );
-    ok(
-        &[
-            "train",
-            "--config",
-            "tiny.toml",
-            "--run-dir",
-            "split",
-            "--set",
-            "max_steps=3",
-        ],
-        w,
-    );
+    ok(&["train", "--config", "tiny.toml", "--run-dir", "straight"], w);
+    ok(&["train", "--config", "tiny.toml", "--run-dir", "split", "--set", "max_steps=3"], w);
     let resumed = ok(&["train", "--resume", "split", "--set", "max_steps=6"], w);
     assert!(resumed.contains("resumed from"), "{resumed}");
     let (straight, split) = (losses(w.join("straight")), losses(w.join("split")));
@@ -137,15 +95,9 @@ fn train_prints_the_batch_the_census_and_one_line_per_step() {
         ],
         dir.path(),
     );
-    assert!(
-        out.contains("global batch: 8 sequences × 16 tokens = 128 tokens per optimizer step"),
-        "{out}"
-    );
+    assert!(out.contains("global batch: 8 sequences × 16 tokens = 128 tokens per optimizer step"), "{out}");
     assert!(out.contains("weight decay on 10 tensors"), "{out}");
-    assert!(
-        out.contains("step      1 | loss ") && out.contains("step      2 | loss "),
-        "{out}"
-    );
+    assert!(out.contains("step      1 | loss ") && out.contains("step      2 | loss "), "{out}");
     assert!(out.contains("eval      2 | val loss"), "{out}");
 }
 
@@ -153,51 +105,17 @@ fn train_prints_the_batch_the_census_and_one_line_per_step() {
 fn eval_and_sample_use_the_latest_checkpoint() {
     let dir = workdir();
     let w = dir.path();
-    ok(
-        &[
-            "train",
-            "--config",
-            "tiny.toml",
-            "--run-dir",
-            "run",
-            "--set",
-            "max_steps=2",
-        ],
-        w,
-    );
+    ok(&["train", "--config", "tiny.toml", "--run-dir", "run", "--set", "max_steps=2"], w);
     let eval = ok(&["eval", "--run", "run"], w);
-    assert!(
-        eval.starts_with("step 2: train loss ") && eval.contains("val loss"),
-        "{eval}"
-    );
-    let args = [
-        "sample",
-        "--run",
-        "run",
-        "--prompt",
-        "ALICE:",
-        "--max-new-tokens",
-        "40",
-        "--seed",
-        "3",
-    ];
+    assert!(eval.starts_with("step 2: train loss ") && eval.contains("val loss"), "{eval}");
+    let args = ["sample", "--run", "run", "--prompt", "ALICE:", "--max-new-tokens", "40", "--seed", "3"];
     let a = ok(&args, w);
     assert!(a.starts_with("ALICE:"), "{a}");
     // One character per generated token (the end-of-text token prints as one marker).
     let generated = a.trim_end_matches('\n').replace("<|endoftext|>", "¶");
     assert_eq!(generated.chars().count(), "ALICE:".len() + 40, "{a:?}");
     assert_eq!(a, ok(&args, w), "same seed, same text");
-    let greedy = [
-        "sample",
-        "--run",
-        "run",
-        "--prompt",
-        "A",
-        "--max-new-tokens",
-        "10",
-        "--temperature",
-        "0",
-    ];
+    let greedy = ["sample", "--run", "run", "--prompt", "A", "--max-new-tokens", "10", "--temperature", "0"];
     assert_eq!(ok(&greedy, w), ok(&greedy, w));
 }
 
@@ -207,22 +125,10 @@ fn config_errors_name_the_file_and_the_key() {
     let w = dir.path();
     std::fs::write(w.join("typo.toml"), CONFIG.replace("max_steps", "max_step")).unwrap();
     let err = fails(&["train", "--config", "typo.toml"], w);
-    assert!(
-        err.contains("typo.toml") && err.contains("unknown field `max_step`"),
-        "{err}"
-    );
-    let err = fails(
-        &["train", "--config", "tiny.toml", "--set", "model.n_head=3"],
-        w,
-    );
-    assert!(
-        err.contains("tiny.toml") && err.contains("divisible by n_head (3)"),
-        "{err}"
-    );
-    let err = fails(
-        &["train", "--config", "tiny.toml", "--set", "optimizer.lr=-1"],
-        w,
-    );
+    assert!(err.contains("typo.toml") && err.contains("unknown field `max_step`"), "{err}");
+    let err = fails(&["train", "--config", "tiny.toml", "--set", "model.n_head=3"], w);
+    assert!(err.contains("tiny.toml") && err.contains("divisible by n_head (3)"), "{err}");
+    let err = fails(&["train", "--config", "tiny.toml", "--set", "optimizer.lr=-1"], w);
     assert!(err.contains("key `optimizer.lr`"), "{err}");
 }
 
@@ -230,23 +136,9 @@ fn config_errors_name_the_file_and_the_key() {
 fn missing_inputs_are_errors_not_panics() {
     let dir = workdir();
     let w = dir.path();
-    let err = fails(
-        &[
-            "prepare",
-            "--tokenizer",
-            "char",
-            "--input",
-            "nope.txt",
-            "--out",
-            "x",
-        ],
-        w,
-    );
+    let err = fails(&["prepare", "--tokenizer", "char", "--input", "nope.txt", "--out", "x"], w);
     assert!(err.contains("nope.txt"), "{err}");
-    let err = fails(
-        &["train", "--config", "tiny.toml", "--data", "missing-dir"],
-        w,
-    );
+    let err = fails(&["train", "--config", "tiny.toml", "--data", "missing-dir"], w);
     assert!(err.contains("missing-dir"), "{err}");
     let err = fails(&["train", "--resume", "no-such-run"], w);
     assert!(err.contains("no-such-run"), "{err}");
@@ -258,18 +150,7 @@ fn missing_inputs_are_errors_not_panics() {
 fn a_prompt_outside_the_vocabulary_is_an_error() {
     let dir = workdir();
     let w = dir.path();
-    ok(
-        &[
-            "train",
-            "--config",
-            "tiny.toml",
-            "--run-dir",
-            "run",
-            "--set",
-            "max_steps=1",
-        ],
-        w,
-    );
+    ok(&["train", "--config", "tiny.toml", "--run-dir", "run", "--set", "max_steps=1"], w);
     let err = fails(&["sample", "--run", "run", "--prompt", "Zebra€"], w);
     assert!(err.contains('€') || err.contains('Z'), "{err}");
 }
@@ -278,16 +159,7 @@ fn a_prompt_outside_the_vocabulary_is_an_error() {
 #[test]
 fn asking_for_cuda_in_a_cpu_build_is_a_clear_error() {
     let dir = workdir();
-    let err = fails(
-        &[
-            "train",
-            "--config",
-            "tiny.toml",
-            "--set",
-            "backend=\"cuda\"",
-        ],
-        dir.path(),
-    );
+    let err = fails(&["train", "--config", "tiny.toml", "--set", "backend=\"cuda\""], dir.path());
     assert!(err.contains("built without CUDA support"), "{err}");
 }
 
@@ -311,155 +183,52 @@ fn a_text_file_as_data_is_prepared_into_the_run() {
     );
     assert!(w.join("run/data/meta.json").exists());
     let config = std::fs::read_to_string(w.join("run/config.toml")).unwrap();
-    assert!(
-        config.contains("run/data"),
-        "the resolved config names the prepared directory: {config}"
-    );
+    assert!(config.contains("run/data"), "the resolved config names the prepared directory: {config}");
+}
+
+/// Exports `run`'s weights as `format` and checks that they, loaded through a config's
+/// `init_from` (with `config` as the rest of it), evaluate and sample exactly like the run.
+fn exported_weights_equal_the_run(w: &Path, config: &str, run: &str, format: &str) {
+    let file = format!("{run}.safetensors");
+    let out = ok(&["export", "--run", run, "--format", format, "--out", &file], w);
+    assert!(out.contains(&format!("wrote {file}")), "{out}");
+    std::fs::write(w.join("from_hf.toml"), format!("init_from = {file:?}\n{config}")).unwrap();
+    let strip_step = |text: String| text.split_once(':').map(|(_, rest)| rest.to_string()).unwrap_or(text);
+    let (from_run, from_file) =
+        (ok(&["eval", "--run", run], w), ok(&["eval", "--config", "from_hf.toml"], w));
+    assert_eq!(strip_step(from_run), strip_step(from_file));
+    let greedy = ["--prompt", "ALICE", "--max-new-tokens", "5", "--temperature", "0"];
+    let sample = |source: [&str; 2]| ok(&[&["sample"][..], &source, &greedy].concat(), w);
+    assert_eq!(sample(["--run", run]), sample(["--config", "from_hf.toml"]));
 }
 
 #[test]
-fn exported_weights_start_a_new_run_exactly_where_the_old_one_ended() {
+fn exported_gpt2_weights_reload_and_start_a_new_run_where_the_old_one_ended() {
     let dir = workdir();
     let w = dir.path();
-    ok(
-        &[
-            "train",
-            "--config",
-            "tiny.toml",
-            "--run-dir",
-            "run",
-            "--set",
-            "max_steps=3",
-        ],
-        w,
-    );
-    let out = ok(
-        &[
-            "export",
-            "--run",
-            "run",
-            "--format",
-            "hf-gpt2",
-            "--out",
-            "model.safetensors",
-        ],
-        w,
-    );
-    assert!(out.contains("wrote model.safetensors"), "{out}");
-    let err = fails(
-        &[
-            "export",
-            "--run",
-            "run",
-            "--format",
-            "hf-llama",
-            "--out",
-            "x.safetensors",
-        ],
-        w,
-    );
+    ok(&["train", "--config", "tiny.toml", "--run-dir", "run", "--set", "max_steps=3"], w);
+    exported_weights_equal_the_run(w, CONFIG, "run", "hf-gpt2");
+    let err = fails(&["export", "--run", "run", "--format", "hf-llama", "--out", "x.safetensors"], w);
     assert!(err.contains("--format hf-gpt2"), "{err}");
 
     // Fine-tuning from the exported file: the new run's step-0 evaluation equals the old run's last.
-    ok(
-        &[
-            "train",
-            "--config",
-            "tiny.toml",
-            "--run-dir",
-            "tuned",
-            "--set",
-            "max_steps=1",
-            "--set",
-            "init_from=\"model.safetensors\"",
-        ],
-        w,
-    );
-    let last_eval = |run: &str| {
-        losses(w.join(run))
-            .into_iter()
-            .filter(|r| r.1 == "eval")
-            .map(|r| (r.0, r.2))
-            .collect::<Vec<_>>()
+    let init = "init_from=\"run.safetensors\"";
+    ok(&["train", "--config", "tiny.toml", "--run-dir", "tuned", "--set", "max_steps=1", "--set", init], w);
+    let evals = |run: &str| -> Vec<(u64, f64)> {
+        losses(w.join(run)).into_iter().filter(|r| r.1 == "eval").map(|r| (r.0, r.2)).collect()
     };
-    let (old, new) = (last_eval("run"), last_eval("tuned"));
+    let (old, new) = (evals("run"), evals("tuned"));
     assert_eq!(old.last().unwrap().1, new[0].1, "old {old:?} new {new:?}");
     assert_eq!(new[0].0, 0);
-
-    // The same weights through a config's init_from: eval and sample without a run directory.
-    std::fs::write(
-        w.join("from_hf.toml"),
-        format!("init_from = \"model.safetensors\"\n{CONFIG}"),
-    )
-    .unwrap();
-    let eval_run = ok(&["eval", "--run", "run"], w);
-    let eval_cfg = ok(&["eval", "--config", "from_hf.toml"], w);
-    assert_eq!(
-        eval_run.replace("step 3", ""),
-        eval_cfg.replace("step 0", ""),
-        "{eval_run} vs {eval_cfg}"
-    );
-    let text = ok(
-        &[
-            "sample",
-            "--config",
-            "from_hf.toml",
-            "--prompt",
-            "ALICE",
-            "--max-new-tokens",
-            "5",
-            "--temperature",
-            "0",
-        ],
-        w,
-    );
-    assert_eq!(
-        text,
-        ok(
-            &[
-                "sample",
-                "--run",
-                "run",
-                "--prompt",
-                "ALICE",
-                "--max-new-tokens",
-                "5",
-                "--temperature",
-                "0"
-            ],
-            w
-        )
-    );
 }
 
 #[test]
 fn sampling_with_and_without_the_kv_cache_gives_the_same_text() {
     let dir = workdir();
     let w = dir.path();
-    ok(
-        &[
-            "train",
-            "--config",
-            "tiny.toml",
-            "--run-dir",
-            "run",
-            "--set",
-            "max_steps=2",
-        ],
-        w,
-    );
+    ok(&["train", "--config", "tiny.toml", "--run-dir", "run", "--set", "max_steps=2"], w);
     // 40 tokens run past the context of 16.
-    let args = [
-        "sample",
-        "--run",
-        "run",
-        "--prompt",
-        "ALICE:",
-        "--max-new-tokens",
-        "40",
-        "--seed",
-        "5",
-    ];
+    let args = ["sample", "--run", "run", "--prompt", "ALICE:", "--max-new-tokens", "40", "--seed", "5"];
     let cached = ok(&args, w);
     let mut full_args = args.to_vec();
     full_args.push("--no-cache");
@@ -474,19 +243,11 @@ fn verify_passes_on_the_pytorch_fixture_and_fails_on_a_tampered_one() {
     };
     let fixture = Path::new(&shared).join("parity/gpt2-tiny");
     let dir = tempfile::tempdir().unwrap();
-    let out = ok(
-        &["verify", "--fixture", fixture.to_str().unwrap()],
-        dir.path(),
-    );
-    assert!(
-        out.contains("initial loss") && out.contains("overall: ok"),
-        "{out}"
-    );
-    let json: serde_json::Value = serde_json::from_str(&ok(
-        &["verify", "--fixture", fixture.to_str().unwrap(), "--json"],
-        dir.path(),
-    ))
-    .unwrap();
+    let out = ok(&["verify", "--fixture", fixture.to_str().unwrap()], dir.path());
+    assert!(out.contains("initial loss") && out.contains("overall: ok"), "{out}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["verify", "--fixture", fixture.to_str().unwrap(), "--json"], dir.path()))
+            .unwrap();
     assert_eq!(json["ok"], true);
     assert!(json["checks"].as_array().unwrap().len() >= 25);
 
@@ -505,8 +266,21 @@ fn verify_passes_on_the_pytorch_fixture_and_fails_on_a_tampered_one() {
     assert_eq!(out.status.code(), Some(1));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("FAIL"), "{stdout}");
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("1 of "),
-        "{out:?}"
-    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("1 of "), "{out:?}");
+}
+
+#[test]
+fn a_llama_model_trains_resumes_exports_and_reloads() {
+    let dir = workdir();
+    let w = dir.path();
+    // llama-tiny has no dropout key: the GPT-2 config's dropout line goes.
+    let config = CONFIG.replace("preset = \"tiny\"\ndropout = 0.1", "preset = \"llama-tiny\"");
+    std::fs::write(w.join("llama.toml"), &config).unwrap();
+    ok(&["train", "--config", "llama.toml", "--run-dir", "straight"], w);
+    ok(&["train", "--config", "llama.toml", "--run-dir", "split", "--set", "max_steps=3"], w);
+    ok(&["train", "--resume", "split", "--set", "max_steps=6"], w);
+    assert_eq!(losses(w.join("straight")), losses(w.join("split")), "bit-identical resume");
+    let out = ok(&["train", "--config", "llama.toml", "--run-dir", "run", "--set", "max_steps=2"], w);
+    assert!(out.contains("model: llama with"), "{out}");
+    exported_weights_equal_the_run(w, &config, "run", "hf-llama");
 }

@@ -18,9 +18,7 @@ impl Staged<'_> {
     /// Renames the temp file onto the destination (atomic on the same filesystem).
     pub(crate) fn commit(self) -> Result<(), DataError> {
         let dest = self.dest;
-        self.file
-            .persist(dest)
-            .map_err(|e| DataError::io("cannot rename temp file onto", dest, e.error))?;
+        self.file.persist(dest).map_err(|e| DataError::io("cannot rename temp file onto", dest, e.error))?;
         Ok(())
     }
 }
@@ -35,17 +33,15 @@ pub(crate) fn stage<'a>(
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let mut file = NamedTempFile::new_in(dir)
-        .map_err(|e| DataError::io("cannot create temp file in", dir, e))?;
+    let mut file =
+        NamedTempFile::new_in(dir).map_err(|e| DataError::io("cannot create temp file in", dir, e))?;
     {
         let mut w = std::io::BufWriter::new(file.as_file_mut());
         fill(&mut w)
             .and_then(|()| w.flush())
             .map_err(|e| DataError::io("cannot write temp file for", dest, e))?;
     }
-    file.as_file()
-        .sync_all()
-        .map_err(|e| DataError::io("cannot sync temp file for", dest, e))?;
+    file.as_file().sync_all().map_err(|e| DataError::io("cannot sync temp file for", dest, e))?;
     // tempfile creates 0600 files; outputs are ordinary files (0644 before the umask).
     #[cfg(unix)]
     {
@@ -73,11 +69,7 @@ mod tests {
         write_atomic(&p, b"one").unwrap();
         write_atomic(&p, b"two").unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"two");
-        assert_eq!(
-            std::fs::read_dir(dir.path()).unwrap().count(),
-            1,
-            "no temp files left"
-        );
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temp files left");
     }
 
     #[test]
@@ -92,9 +84,7 @@ mod tests {
     fn failed_fill_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("x.txt");
-        let err = stage(&p, |_| Err(std::io::Error::other("boom")))
-            .err()
-            .unwrap();
+        let err = stage(&p, |_| Err(std::io::Error::other("boom"))).err().unwrap();
         assert!(err.to_string().contains("x.txt"), "{err}");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }

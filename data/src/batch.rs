@@ -45,9 +45,7 @@ impl Batch {
     /// both lengths).
     pub fn from_windows(windows: &[Vec<u32>]) -> Result<Batch, DataError> {
         let Some(first) = windows.first() else {
-            return Err(DataError::InvalidBatch {
-                reason: "no windows given; need at least one".into(),
-            });
+            return Err(DataError::InvalidBatch { reason: "no windows given; need at least one".into() });
         };
         let window_len = first.len();
         if window_len < 2 {
@@ -55,16 +53,9 @@ impl Batch {
                 reason: format!("windows must hold seq_len + 1 >= 2 tokens, got {window_len}"),
             });
         }
-        if let Some((i, w)) = windows
-            .iter()
-            .enumerate()
-            .find(|(_, w)| w.len() != window_len)
-        {
+        if let Some((i, w)) = windows.iter().enumerate().find(|(_, w)| w.len() != window_len) {
             return Err(DataError::InvalidBatch {
-                reason: format!(
-                    "window {i} has {} tokens, expected {window_len} like window 0",
-                    w.len()
-                ),
+                reason: format!("window {i} has {} tokens, expected {window_len} like window 0", w.len()),
             });
         }
         let seq_len = window_len - 1;
@@ -75,12 +66,7 @@ impl Batch {
             inputs.extend(x);
             targets.extend(y);
         }
-        Ok(Batch {
-            batch_size: windows.len(),
-            seq_len,
-            inputs,
-            targets,
-        })
+        Ok(Batch { batch_size: windows.len(), seq_len, inputs, targets })
     }
 }
 
@@ -106,30 +92,15 @@ mod tests {
 
     #[test]
     fn scored_tokens_skips_ignore_index() {
-        let b = Batch {
-            batch_size: 1,
-            seq_len: 3,
-            inputs: vec![1, 2, 3],
-            targets: vec![2, IGNORE_INDEX, 4],
-        };
+        let b = Batch { batch_size: 1, seq_len: 3, inputs: vec![1, 2, 3], targets: vec![2, IGNORE_INDEX, 4] };
         assert_eq!(b.scored_tokens(), 2);
     }
 
     #[test]
     fn from_windows_errors() {
         let err = Batch::from_windows(&[vec![1, 2, 3], vec![4, 5]]).unwrap_err();
-        assert!(
-            err.to_string()
-                .contains("window 1 has 2 tokens, expected 3"),
-            "{err}"
-        );
-        assert!(matches!(
-            Batch::from_windows(&[]),
-            Err(DataError::InvalidBatch { .. })
-        ));
-        assert!(matches!(
-            Batch::from_windows(&[vec![1]]),
-            Err(DataError::InvalidBatch { .. })
-        ));
+        assert!(err.to_string().contains("window 1 has 2 tokens, expected 3"), "{err}");
+        assert!(matches!(Batch::from_windows(&[]), Err(DataError::InvalidBatch { .. })));
+        assert!(matches!(Batch::from_windows(&[vec![1]]), Err(DataError::InvalidBatch { .. })));
     }
 }

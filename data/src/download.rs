@@ -14,8 +14,7 @@ pub const TINYSHAKESPEARE_URL: &str =
     "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt";
 
 /// SHA-256 (lowercase hex) of tinyshakespeare input.txt (1,115,394 bytes).
-pub const TINYSHAKESPEARE_SHA256: &str =
-    "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed";
+pub const TINYSHAKESPEARE_SHA256: &str = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed";
 
 /// Largest response accepted, in bytes (guards against a wrong URL serving something huge).
 const MAX_BYTES: u64 = 64 << 20;
@@ -36,20 +35,13 @@ fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// Downloads `url` to `dest` if `dest` does not already hold bytes with SHA-256 `sha256`.
-pub(crate) fn download_verified(
-    url: &str,
-    sha256: &str,
-    dest: &Path,
-) -> Result<PathBuf, DataError> {
+pub(crate) fn download_verified(url: &str, sha256: &str, dest: &Path) -> Result<PathBuf, DataError> {
     if let Ok(existing) = std::fs::read(dest) {
         if sha256_hex(&existing) == sha256 {
             return Ok(dest.into());
         }
     }
-    let failed = |reason: String| DataError::Download {
-        url: url.into(),
-        reason,
-    };
+    let failed = |reason: String| DataError::Download { url: url.into(), reason };
     let agent = ureq::AgentBuilder::new()
         .timeout_connect(Duration::from_secs(30))
         .timeout(Duration::from_secs(300))
@@ -71,8 +63,7 @@ pub(crate) fn download_verified(
         });
     }
     if let Some(dir) = dest.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| DataError::io("cannot create directory", dir, e))?;
+        std::fs::create_dir_all(dir).map_err(|e| DataError::io("cannot create directory", dir, e))?;
     }
     write_atomic(dest, &bytes)?;
     Ok(dest.into())
@@ -87,24 +78,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let dest = dir.path().join("sub/input.txt");
         // Port 9 (discard) on localhost: connection refused, no network needed.
-        let err = download_verified(
-            "http://127.0.0.1:9/input.txt",
-            TINYSHAKESPEARE_SHA256,
-            &dest,
-        )
-        .unwrap_err();
+        let err =
+            download_verified("http://127.0.0.1:9/input.txt", TINYSHAKESPEARE_SHA256, &dest).unwrap_err();
         assert!(matches!(err, DataError::Download { .. }), "{err:?}");
         let msg = err.to_string();
-        assert!(
-            msg.contains("`--input`") && msg.contains("http://127.0.0.1:9/input.txt"),
-            "{msg}"
-        );
+        assert!(msg.contains("`--input`") && msg.contains("http://127.0.0.1:9/input.txt"), "{msg}");
         assert!(!dest.exists());
-        assert_eq!(
-            std::fs::read_dir(dir.path()).unwrap().count(),
-            0,
-            "nothing created"
-        );
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing created");
     }
 
     #[test]
@@ -124,18 +104,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let dest = dir.path().join("input.txt");
         std::fs::write(&dest, b"stale").unwrap();
-        let err = download_verified(
-            "http://127.0.0.1:9/input.txt",
-            TINYSHAKESPEARE_SHA256,
-            &dest,
-        )
-        .unwrap_err();
+        let err =
+            download_verified("http://127.0.0.1:9/input.txt", TINYSHAKESPEARE_SHA256, &dest).unwrap_err();
         assert!(matches!(err, DataError::Download { .. }), "{err:?}");
-        assert_eq!(
-            std::fs::read(&dest).unwrap(),
-            b"stale",
-            "old file untouched on failure"
-        );
+        assert_eq!(std::fs::read(&dest).unwrap(), b"stale", "old file untouched on failure");
     }
 
     /// Serves one HTTP response with `body` on a local port; returns the URL.
@@ -154,10 +126,8 @@ mod tests {
                 }
                 req.extend_from_slice(&buf[..n]);
             }
-            let head = format!(
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
+            let head =
+                format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
             conn.write_all(head.as_bytes()).unwrap();
             conn.write_all(body).unwrap();
         });
@@ -172,11 +142,7 @@ mod tests {
         let hash = "a63d8014dba891345b30174df2b2a57efbb65b4f9f09b98f245d1b3192277ece";
         assert_eq!(download_verified(&url, hash, &dest).unwrap(), dest);
         assert_eq!(std::fs::read(&dest).unwrap(), b"ab\n");
-        assert_eq!(
-            std::fs::read_dir(dest.parent().unwrap()).unwrap().count(),
-            1,
-            "no temp files left"
-        );
+        assert_eq!(std::fs::read_dir(dest.parent().unwrap()).unwrap().count(), 1, "no temp files left");
     }
 
     #[test]
@@ -188,10 +154,7 @@ mod tests {
         assert!(matches!(err, DataError::ChecksumMismatch { .. }), "{err:?}");
         let msg = err.to_string();
         assert!(msg.contains(TINYSHAKESPEARE_SHA256), "{msg}");
-        assert!(
-            msg.contains("a63d8014dba891345b30174df2b2a57efbb65b4f9f09b98f245d1b3192277ece"),
-            "{msg}"
-        );
+        assert!(msg.contains("a63d8014dba891345b30174df2b2a57efbb65b4f9f09b98f245d1b3192277ece"), "{msg}");
         assert!(!dest.exists());
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }

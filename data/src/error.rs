@@ -56,9 +56,7 @@ pub enum DataError {
     },
 
     /// A token id is not below the vocabulary size.
-    #[error(
-        "token id {id} is out of range: the vocabulary has {vocab_size} ids (0..{vocab_size})"
-    )]
+    #[error("token id {id} is out of range: the vocabulary has {vocab_size} ids (0..{vocab_size})")]
     TokenOutOfRange {
         /// The offending id.
         id: u32,
@@ -174,15 +172,7 @@ pub enum DataError {
 
 impl DataError {
     /// Builds a [`DataError::Io`] for `path`.
-    pub(crate) fn io(
-        action: &'static str,
-        path: impl Into<PathBuf>,
-        source: std::io::Error,
-    ) -> Self {
-        DataError::Io {
-            action,
-            path: path.into(),
-            source,
-        }
+    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        DataError::Io { action, path: path.into(), source }
     }
 }

@@ -40,6 +40,4 @@ pub use prepare::{prepare, PrepareOptions, PrepareSummary};
 pub use prepared::{PreparedData, Split};
 pub use sampler::{splitmix64, WindowSampler};
 pub use stream::TokenStream;
-pub use tokenizer::{
-    Tokenizer, TokenizerKind, TokenizerSpec, EOS_TEXT, GPT2_EOS_ID, GPT2_VOCAB_SIZE,
-};
+pub use tokenizer::{Tokenizer, TokenizerKind, TokenizerSpec, EOS_TEXT, GPT2_EOS_ID, GPT2_VOCAB_SIZE};

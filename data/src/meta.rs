@@ -96,11 +96,8 @@ impl Meta {
         struct Version {
             format_version: u32,
         }
-        let version: Version =
-            serde_json::from_str(&text).map_err(|source| DataError::InvalidMeta {
-                path: path.clone(),
-                source,
-            })?;
+        let version: Version = serde_json::from_str(&text)
+            .map_err(|source| DataError::InvalidMeta { path: path.clone(), source })?;
         if version.format_version != FORMAT_VERSION {
             return Err(DataError::UnsupportedFormatVersion {
                 path,
@@ -108,28 +105,17 @@ impl Meta {
                 expected: FORMAT_VERSION,
             });
         }
-        let meta: Meta = serde_json::from_str(&text).map_err(|source| DataError::InvalidMeta {
-            path: path.clone(),
-            source,
-        })?;
+        let meta: Meta = serde_json::from_str(&text)
+            .map_err(|source| DataError::InvalidMeta { path: path.clone(), source })?;
         meta.check(&path)?;
         Ok(meta)
     }
 
     /// Checks that the fields agree with each other; `path` is only used in the error.
     fn check(&self, path: &Path) -> Result<(), DataError> {
-        let bad = |reason: String| {
-            Err(DataError::InconsistentMeta {
-                path: PathBuf::from(path),
-                reason,
-            })
-        };
-        let tokenizer = crate::Tokenizer::from_spec(&self.tokenizer).map_err(|e| {
-            DataError::InconsistentMeta {
-                path: path.into(),
-                reason: e.to_string(),
-            }
-        })?;
+        let bad = |reason: String| Err(DataError::InconsistentMeta { path: PathBuf::from(path), reason });
+        let tokenizer = crate::Tokenizer::from_spec(&self.tokenizer)
+            .map_err(|e| DataError::InconsistentMeta { path: path.into(), reason: e.to_string() })?;
         if tokenizer.vocab_size() != self.vocab_size {
             return bad(format!(
                 "vocab_size is {} but the tokenizer has {} ids",
@@ -145,18 +131,14 @@ impl Meta {
             ));
         }
         if self.dtype == TokenDtype::U16 && self.vocab_size > 1 << 16 {
-            return bad(format!(
-                "dtype u16 cannot hold ids of a {}-token vocabulary",
-                self.vocab_size
-            ));
+            return bad(format!("dtype u16 cannot hold ids of a {}-token vocabulary", self.vocab_size));
         }
         Ok(())
     }
 
     /// Serializes as pretty JSON with a trailing newline.
     pub(crate) fn to_json(&self) -> String {
-        let mut s =
-            serde_json::to_string_pretty(self).expect("Meta has only JSON-representable fields");
+        let mut s = serde_json::to_string_pretty(self).expect("Meta has only JSON-representable fields");
         s.push('\n');
         s
     }
@@ -169,9 +151,7 @@ mod tests {
     fn sample() -> Meta {
         Meta {
             format_version: FORMAT_VERSION,
-            tokenizer: TokenizerSpec::Char {
-                chars: vec!['a', 'b'],
-            },
+            tokenizer: TokenizerSpec::Char { chars: vec!['a', 'b'] },
             vocab_size: 3,
             eos_id: 2,
             dtype: TokenDtype::U16,
@@ -179,11 +159,7 @@ mod tests {
             val_tokens: 1,
             documents: 2,
             val_fraction: 0.1,
-            sources: vec![SourceInfo {
-                path: "a.txt".into(),
-                bytes: 4,
-                sha256: "00".into(),
-            }],
+            sources: vec![SourceInfo { path: "a.txt".into(), bytes: 4, sha256: "00".into() }],
         }
     }
 
@@ -210,17 +186,7 @@ mod tests {
         m.format_version = 2;
         std::fs::write(dir.path().join(META_FILE), m.to_json()).unwrap();
         let err = Meta::read(dir.path()).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                DataError::UnsupportedFormatVersion {
-                    found: 2,
-                    expected: 1,
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
+        assert!(matches!(err, DataError::UnsupportedFormatVersion { found: 2, expected: 1, .. }), "{err:?}");
     }
 
     #[test]
@@ -239,19 +205,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(META_FILE), r#"{"format_version": 1}"#).unwrap();
         let msg = Meta::read(dir.path()).unwrap_err().to_string();
-        assert!(
-            msg.contains(META_FILE) && msg.contains("tokenizer"),
-            "{msg}"
-        );
+        assert!(msg.contains(META_FILE) && msg.contains("tokenizer"), "{msg}");
     }
 
     #[test]
     fn missing_file_names_it() {
         let dir = tempfile::tempdir().unwrap();
         let msg = Meta::read(dir.path()).unwrap_err().to_string();
-        assert!(
-            msg.contains(&dir.path().join(META_FILE).display().to_string()),
-            "{msg}"
-        );
+        assert!(msg.contains(&dir.path().join(META_FILE).display().to_string()), "{msg}");
     }
 }

@@ -39,18 +39,11 @@ struct Source {
 }
 
 fn read_source(path: &Path) -> Result<Source, DataError> {
-    let bytes =
-        std::fs::read(path).map_err(|e| DataError::io("cannot read input file", path, e))?;
+    let bytes = std::fs::read(path).map_err(|e| DataError::io("cannot read input file", path, e))?;
     let sha256 = format!("{:x}", Sha256::digest(&bytes));
-    let info = SourceInfo {
-        path: path.display().to_string(),
-        bytes: bytes.len() as u64,
-        sha256,
-    };
-    let text = String::from_utf8(bytes).map_err(|e| DataError::InvalidUtf8 {
-        path: path.into(),
-        offset: e.utf8_error().valid_up_to(),
-    })?;
+    let info = SourceInfo { path: path.display().to_string(), bytes: bytes.len() as u64, sha256 };
+    let text = String::from_utf8(bytes)
+        .map_err(|e| DataError::InvalidUtf8 { path: path.into(), offset: e.utf8_error().valid_up_to() })?;
     Ok(Source { info, text })
 }
 
@@ -88,19 +81,10 @@ pub fn prepare(opts: &PrepareOptions) -> Result<PrepareSummary, DataError> {
     if !(0.0..1.0).contains(&vf) {
         return Err(DataError::InvalidValFraction { value: vf });
     }
-    let sources = opts
-        .inputs
-        .iter()
-        .map(|p| read_source(p))
-        .collect::<Result<Vec<_>, _>>()?;
-    let docs: Vec<&str> = sources
-        .iter()
-        .flat_map(|s| documents(&s.text, opts.tokenizer))
-        .collect();
+    let sources = opts.inputs.iter().map(|p| read_source(p)).collect::<Result<Vec<_>, _>>()?;
+    let docs: Vec<&str> = sources.iter().flat_map(|s| documents(&s.text, opts.tokenizer)).collect();
     if docs.is_empty() {
-        return Err(DataError::EmptyCorpus {
-            inputs: opts.inputs.clone(),
-        });
+        return Err(DataError::EmptyCorpus { inputs: opts.inputs.clone() });
     }
     let tokenizer = match opts.tokenizer {
         TokenizerKind::Char => Tokenizer::fit_char(docs.iter().copied()),
@@ -131,23 +115,13 @@ pub fn prepare(opts: &PrepareOptions) -> Result<PrepareSummary, DataError> {
         sources: sources.into_iter().map(|s| s.info).collect(),
     };
     write_outputs(&opts.out, &tokens[..n_train], &tokens[n_train..], &meta)?;
-    Ok(PrepareSummary {
-        meta,
-        out: opts.out.clone(),
-    })
+    Ok(PrepareSummary { meta, out: opts.out.clone() })
 }
 
 fn write_outputs(out: &Path, train: &[u32], val: &[u32], meta: &Meta) -> Result<(), DataError> {
-    std::fs::create_dir_all(out)
-        .map_err(|e| DataError::io("cannot create output directory", out, e))?;
-    let (train_path, val_path, meta_path) = (
-        out.join(TRAIN_FILE),
-        out.join(VAL_FILE),
-        out.join(META_FILE),
-    );
-    let train_tmp = stage(&train_path, |w| {
-        w.write_all(&encode_tokens(train, meta.dtype))
-    })?;
+    std::fs::create_dir_all(out).map_err(|e| DataError::io("cannot create output directory", out, e))?;
+    let (train_path, val_path, meta_path) = (out.join(TRAIN_FILE), out.join(VAL_FILE), out.join(META_FILE));
+    let train_tmp = stage(&train_path, |w| w.write_all(&encode_tokens(train, meta.dtype)))?;
     let val_tmp = stage(&val_path, |w| w.write_all(&encode_tokens(val, meta.dtype)))?;
     let meta_tmp = stage(&meta_path, |w| w.write_all(meta.to_json().as_bytes()))?;
     match std::fs::remove_file(&meta_path) {

@@ -59,22 +59,13 @@ impl PreparedData {
             let stream = TokenStream::open(&path, meta.dtype)?;
             let actual = stream.len() as u64;
             if actual != expected {
-                return Err(DataError::TokenCountMismatch {
-                    path,
-                    expected,
-                    actual,
-                });
+                return Err(DataError::TokenCountMismatch { path, expected, actual });
             }
             Ok(stream)
         };
         let train = open(TRAIN_FILE, meta.train_tokens)?;
         let val = open(VAL_FILE, meta.val_tokens)?;
-        Ok(PreparedData {
-            dir: dir.into(),
-            meta,
-            train,
-            val,
-        })
+        Ok(PreparedData { dir: dir.into(), meta, train, val })
     }
 
     /// The stream of `split`.
@@ -123,17 +114,7 @@ mod tests {
         let train = out.join(TRAIN_FILE);
         std::fs::write(&train, [0u8, 0, 1, 0]).unwrap(); // 2 tokens instead of 3
         let err = PreparedData::open(&out).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                DataError::TokenCountMismatch {
-                    expected: 3,
-                    actual: 2,
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
+        assert!(matches!(err, DataError::TokenCountMismatch { expected: 3, actual: 2, .. }), "{err:?}");
         let msg = err.to_string();
         assert!(
             msg.contains(&train.display().to_string())
@@ -149,10 +130,7 @@ mod tests {
         let out = tmp.path().join("out");
         std::fs::write(out.join(VAL_FILE), [3u8, 0, 4]).unwrap();
         let err = PreparedData::open(&out).unwrap_err();
-        assert!(
-            matches!(err, DataError::MisalignedTokenFile { bytes: 3, .. }),
-            "{err:?}"
-        );
+        assert!(matches!(err, DataError::MisalignedTokenFile { bytes: 3, .. }), "{err:?}");
     }
 
     #[test]

@@ -79,17 +79,11 @@ impl WindowSampler {
         }
         let needed = self.seq_len + 1;
         if len < needed {
-            return Err(DataError::StreamTooShort {
-                split: split.name(),
-                tokens: len,
-                needed,
-            });
+            return Err(DataError::StreamTooShort { split: split.name(), tokens: len, needed });
         }
         let max_start = len - needed;
         let mut rng = ChaCha8Rng::seed_from_u64(self.batch_seed(split, step, micro_step, rank));
-        Ok((0..batch_size)
-            .map(|_| rng.random_range(0..=max_start))
-            .collect())
+        Ok((0..batch_size).map(|_| rng.random_range(0..=max_start)).collect())
     }
 
     /// Samples a `[batch_size, seq_len]` batch from `stream` (which should be `split`'s stream;
@@ -107,10 +101,7 @@ impl WindowSampler {
         batch_size: usize,
     ) -> Result<Batch, DataError> {
         let offsets = self.offsets(stream.len(), split, step, micro_step, rank, batch_size)?;
-        let windows: Vec<Vec<u32>> = offsets
-            .iter()
-            .map(|&o| stream.slice(o, self.seq_len + 1))
-            .collect();
+        let windows: Vec<Vec<u32>> = offsets.iter().map(|&o| stream.slice(o, self.seq_len + 1)).collect();
         Batch::from_windows(&windows)
     }
 }
@@ -157,9 +148,7 @@ mod tests {
         let sampler = WindowSampler::new(42, 8);
         let a = sampler.batch(&s, Split::Train, 5, 1, 0, 4).unwrap();
         let _other = sampler.batch(&s, Split::Train, 6, 0, 0, 4).unwrap();
-        let b = WindowSampler::new(42, 8)
-            .batch(&s, Split::Train, 5, 1, 0, 4)
-            .unwrap();
+        let b = WindowSampler::new(42, 8).batch(&s, Split::Train, 5, 1, 0, 4).unwrap();
         assert_eq!(a, b);
     }
 
@@ -168,33 +157,11 @@ mod tests {
         let (_d, s) = stream(1000);
         let sampler = WindowSampler::new(42, 8);
         let base = sampler.batch(&s, Split::Train, 5, 1, 0, 4).unwrap();
-        assert_ne!(
-            base,
-            sampler.batch(&s, Split::Train, 6, 1, 0, 4).unwrap(),
-            "step"
-        );
-        assert_ne!(
-            base,
-            sampler.batch(&s, Split::Train, 5, 2, 0, 4).unwrap(),
-            "micro_step"
-        );
-        assert_ne!(
-            base,
-            sampler.batch(&s, Split::Train, 5, 1, 1, 4).unwrap(),
-            "rank"
-        );
-        assert_ne!(
-            base,
-            sampler.batch(&s, Split::Val, 5, 1, 0, 4).unwrap(),
-            "split"
-        );
-        assert_ne!(
-            base,
-            WindowSampler::new(43, 8)
-                .batch(&s, Split::Train, 5, 1, 0, 4)
-                .unwrap(),
-            "seed"
-        );
+        assert_ne!(base, sampler.batch(&s, Split::Train, 6, 1, 0, 4).unwrap(), "step");
+        assert_ne!(base, sampler.batch(&s, Split::Train, 5, 2, 0, 4).unwrap(), "micro_step");
+        assert_ne!(base, sampler.batch(&s, Split::Train, 5, 1, 1, 4).unwrap(), "rank");
+        assert_ne!(base, sampler.batch(&s, Split::Val, 5, 1, 0, 4).unwrap(), "split");
+        assert_ne!(base, WindowSampler::new(43, 8).batch(&s, Split::Train, 5, 1, 0, 4).unwrap(), "seed");
     }
 
     #[test]
@@ -202,9 +169,7 @@ mod tests {
         let (_d, s) = stream(50);
         let sampler = WindowSampler::new(7, 5);
         for step in 0..20 {
-            let offsets = sampler
-                .offsets(s.len(), Split::Train, step, 0, 0, 3)
-                .unwrap();
+            let offsets = sampler.offsets(s.len(), Split::Train, step, 0, 0, 3).unwrap();
             let b = sampler.batch(&s, Split::Train, step, 0, 0, 3).unwrap();
             assert_eq!((b.batch_size, b.seq_len), (3, 5));
             for (row, &o) in offsets.iter().enumerate() {
@@ -223,9 +188,7 @@ mod tests {
     #[test]
     fn exact_length_stream_has_one_window() {
         let (_d, s) = stream(4);
-        let b = WindowSampler::new(1, 3)
-            .batch(&s, Split::Val, 0, 0, 0, 2)
-            .unwrap();
+        let b = WindowSampler::new(1, 3).batch(&s, Split::Val, 0, 0, 0, 2).unwrap();
         assert_eq!(b.inputs, vec![0, 7, 14, 0, 7, 14]);
         assert_eq!(b.targets, vec![7, 14, 21, 7, 14, 21]);
     }
@@ -233,24 +196,9 @@ mod tests {
     #[test]
     fn too_short_stream_is_an_error() {
         let (_d, s) = stream(8);
-        let err = WindowSampler::new(1, 8)
-            .batch(&s, Split::Val, 0, 0, 0, 1)
-            .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                DataError::StreamTooShort {
-                    split: "val",
-                    tokens: 8,
-                    needed: 9
-                }
-            ),
-            "{err:?}"
-        );
-        assert!(
-            err.to_string().contains("val split holds 8 tokens"),
-            "{err}"
-        );
+        let err = WindowSampler::new(1, 8).batch(&s, Split::Val, 0, 0, 0, 1).unwrap_err();
+        assert!(matches!(err, DataError::StreamTooShort { split: "val", tokens: 8, needed: 9 }), "{err:?}");
+        assert!(err.to_string().contains("val split holds 8 tokens"), "{err}");
     }
 
     #[test]

@@ -25,12 +25,8 @@ impl TokenStream {
     /// Errors: [`DataError::Io`] if it cannot be opened or mapped;
     /// [`DataError::MisalignedTokenFile`] if its length is not a multiple of `dtype.bytes()`.
     pub fn open(path: &Path, dtype: TokenDtype) -> Result<Self, DataError> {
-        let file =
-            File::open(path).map_err(|e| DataError::io("cannot open token file", path, e))?;
-        let bytes = file
-            .metadata()
-            .map_err(|e| DataError::io("cannot stat token file", path, e))?
-            .len();
+        let file = File::open(path).map_err(|e| DataError::io("cannot open token file", path, e))?;
+        let bytes = file.metadata().map_err(|e| DataError::io("cannot stat token file", path, e))?.len();
         if bytes % dtype.bytes() as u64 != 0 {
             return Err(DataError::MisalignedTokenFile {
                 path: path.into(),
@@ -47,11 +43,7 @@ impl TokenStream {
                 .map_err(|e| DataError::io("cannot memory-map token file", path, e))?;
             Some(map)
         };
-        Ok(TokenStream {
-            path: path.into(),
-            dtype,
-            map,
-        })
+        Ok(TokenStream { path: path.into(), dtype, map })
     }
 
     /// The file this stream maps.
@@ -93,14 +85,10 @@ impl TokenStream {
         let w = self.dtype.bytes();
         let b = &self.bytes()[start * w..(start + len) * w];
         match self.dtype {
-            TokenDtype::U16 => b
-                .chunks_exact(2)
-                .map(|c| u16::from_le_bytes([c[0], c[1]]) as u32)
-                .collect(),
-            TokenDtype::U32 => b
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
+            TokenDtype::U16 => b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]) as u32).collect(),
+            TokenDtype::U32 => {
+                b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+            }
         }
     }
 }
@@ -108,10 +96,7 @@ impl TokenStream {
 /// Encodes `tokens` as little-endian `dtype`. Caller guarantees every token fits `dtype`.
 pub(crate) fn encode_tokens(tokens: &[u32], dtype: TokenDtype) -> Vec<u8> {
     match dtype {
-        TokenDtype::U16 => tokens
-            .iter()
-            .flat_map(|&t| (t as u16).to_le_bytes())
-            .collect(),
+        TokenDtype::U16 => tokens.iter().flat_map(|&t| (t as u16).to_le_bytes()).collect(),
         TokenDtype::U32 => tokens.iter().flat_map(|&t| t.to_le_bytes()).collect(),
     }
 }
@@ -161,17 +146,7 @@ mod tests {
         let p = dir.path().join("t.bin");
         std::fs::write(&p, [1u8, 0, 2]).unwrap();
         let err = TokenStream::open(&p, TokenDtype::U16).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                DataError::MisalignedTokenFile {
-                    bytes: 3,
-                    dtype_bytes: 2,
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
+        assert!(matches!(err, DataError::MisalignedTokenFile { bytes: 3, dtype_bytes: 2, .. }), "{err:?}");
         assert!(err.to_string().contains("t.bin"));
     }
 

@@ -50,9 +50,7 @@ impl FromStr for TokenizerKind {
         match s {
             "char" => Ok(TokenizerKind::Char),
             "gpt2" => Ok(TokenizerKind::Gpt2),
-            _ => Err(DataError::UnknownTokenizerKind {
-                given: s.to_string(),
-            }),
+            _ => Err(DataError::UnknownTokenizerKind { given: s.to_string() }),
         }
     }
 }
@@ -82,10 +80,7 @@ pub struct Tokenizer {
 impl fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner {
-            Inner::Char(chars) => f
-                .debug_struct("Tokenizer::Char")
-                .field("chars", chars)
-                .finish(),
+            Inner::Char(chars) => f.debug_struct("Tokenizer::Char").field("chars", chars).finish(),
             Inner::Gpt2(_) => f.write_str("Tokenizer::Gpt2"),
         }
     }
@@ -110,15 +105,10 @@ impl Tokenizer {
                 }
                 if u32::try_from(chars.len()).is_err() {
                     return Err(DataError::InvalidTokenizerSpec {
-                        reason: format!(
-                            "char vocabulary has {} chars, more than u32 ids allow",
-                            chars.len()
-                        ),
+                        reason: format!("char vocabulary has {} chars, more than u32 ids allow", chars.len()),
                     });
                 }
-                Ok(Tokenizer {
-                    inner: Inner::Char(chars.clone()),
-                })
+                Ok(Tokenizer { inner: Inner::Char(chars.clone()) })
             }
         }
     }
@@ -126,26 +116,19 @@ impl Tokenizer {
     /// Fits a char tokenizer: vocabulary = sorted distinct chars of all `texts`, then EOS as
     /// the last id (= number of distinct chars).
     pub fn fit_char<'a>(texts: impl IntoIterator<Item = &'a str>) -> Tokenizer {
-        let set: std::collections::BTreeSet<char> =
-            texts.into_iter().flat_map(str::chars).collect();
-        Tokenizer {
-            inner: Inner::Char(set.into_iter().collect()),
-        }
+        let set: std::collections::BTreeSet<char> = texts.into_iter().flat_map(str::chars).collect();
+        Tokenizer { inner: Inner::Char(set.into_iter().collect()) }
     }
 
     /// GPT-2's tokenizer (tiktoken `r50k_base`, bundled offline): EOS = 50256, vocab size 50257.
     pub fn gpt2() -> Tokenizer {
-        Tokenizer {
-            inner: Inner::Gpt2(tiktoken_rs::r50k_base_singleton()),
-        }
+        Tokenizer { inner: Inner::Gpt2(tiktoken_rs::r50k_base_singleton()) }
     }
 
     /// The spec to store in meta.json / run dirs; `from_spec(&t.spec())` rebuilds `t`.
     pub fn spec(&self) -> TokenizerSpec {
         match &self.inner {
-            Inner::Char(chars) => TokenizerSpec::Char {
-                chars: chars.clone(),
-            },
+            Inner::Char(chars) => TokenizerSpec::Char { chars: chars.clone() },
             Inner::Gpt2(_) => TokenizerSpec::Gpt2,
         }
     }
@@ -175,20 +158,17 @@ impl Tokenizer {
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, DataError> {
         match &self.inner {
             Inner::Gpt2(bpe) => Ok(bpe.encode_ordinary(text)),
-            Inner::Char(chars) => {
-                text.chars()
-                    .enumerate()
-                    .map(|(position, ch)| {
-                        chars.binary_search(&ch).map(|i| i as u32).map_err(|_| {
-                            DataError::UnknownChar {
-                                ch,
-                                code: ch as u32,
-                                position,
-                            }
-                        })
+            Inner::Char(chars) => text
+                .chars()
+                .enumerate()
+                .map(|(position, ch)| {
+                    chars.binary_search(&ch).map(|i| i as u32).map_err(|_| DataError::UnknownChar {
+                        ch,
+                        code: ch as u32,
+                        position,
                     })
-                    .collect()
-            }
+                })
+                .collect(),
         }
     }
 
@@ -205,18 +185,11 @@ impl Tokenizer {
         match &self.inner {
             Inner::Char(chars) => Ok(ids
                 .iter()
-                .map(|&id| {
-                    chars
-                        .get(id as usize)
-                        .map_or(EOS_TEXT.to_string(), char::to_string)
-                })
+                .map(|&id| chars.get(id as usize).map_or(EOS_TEXT.to_string(), char::to_string))
                 .collect()),
             Inner::Gpt2(bpe) => {
                 // All ids are < 50257, so each is a BPE token or the EOS special token.
-                let bytes: Vec<u8> = bpe
-                    ._decode_native_and_split(ids.to_vec())
-                    .flatten()
-                    .collect();
+                let bytes: Vec<u8> = bpe._decode_native_and_split(ids.to_vec()).flatten().collect();
                 Ok(String::from_utf8_lossy(&bytes).into_owned())
             }
         }
@@ -230,12 +203,7 @@ mod tests {
     #[test]
     fn char_fit_encode_decode() {
         let t = Tokenizer::fit_char(["hello"]);
-        assert_eq!(
-            t.spec(),
-            TokenizerSpec::Char {
-                chars: vec!['e', 'h', 'l', 'o']
-            }
-        );
+        assert_eq!(t.spec(), TokenizerSpec::Char { chars: vec!['e', 'h', 'l', 'o'] });
         assert_eq!(t.vocab_size(), 5);
         assert_eq!(t.eos_id(), 4);
         assert_eq!(t.encode("hole").unwrap(), vec![1, 3, 2, 0]);
@@ -246,12 +214,7 @@ mod tests {
     #[test]
     fn char_fit_over_several_texts() {
         let t = Tokenizer::fit_char(["ba", "ca"]);
-        assert_eq!(
-            t.spec(),
-            TokenizerSpec::Char {
-                chars: vec!['a', 'b', 'c']
-            }
-        );
+        assert_eq!(t.spec(), TokenizerSpec::Char { chars: vec!['a', 'b', 'c'] });
         assert_eq!(t.encode("cab").unwrap(), vec![2, 0, 1]);
     }
 
@@ -259,17 +222,7 @@ mod tests {
     fn char_unknown_char_is_named() {
         let t = Tokenizer::fit_char(["hello"]);
         let err = t.encode("hez").unwrap_err();
-        assert!(
-            matches!(
-                err,
-                DataError::UnknownChar {
-                    ch: 'z',
-                    position: 2,
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
+        assert!(matches!(err, DataError::UnknownChar { ch: 'z', position: 2, .. }), "{err:?}");
         let msg = err.to_string();
         assert!(msg.contains("'z'") && msg.contains("position 2"), "{msg}");
     }
@@ -278,16 +231,7 @@ mod tests {
     fn char_decode_out_of_range() {
         let t = Tokenizer::fit_char(["hello"]);
         let err = t.decode(&[0, 5]).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                DataError::TokenOutOfRange {
-                    id: 5,
-                    vocab_size: 5
-                }
-            ),
-            "{err:?}"
-        );
+        assert!(matches!(err, DataError::TokenOutOfRange { id: 5, vocab_size: 5 }), "{err:?}");
     }
 
     #[test]
@@ -295,33 +239,17 @@ mod tests {
         let t = Tokenizer::fit_char(["hello"]);
         let back = Tokenizer::from_spec(&t.spec()).unwrap();
         assert_eq!(back.spec(), t.spec());
-        let bad = TokenizerSpec::Char {
-            chars: vec!['b', 'a'],
-        };
-        assert!(matches!(
-            Tokenizer::from_spec(&bad),
-            Err(DataError::InvalidTokenizerSpec { .. })
-        ));
-        let dup = TokenizerSpec::Char {
-            chars: vec!['a', 'a'],
-        };
-        assert!(matches!(
-            Tokenizer::from_spec(&dup),
-            Err(DataError::InvalidTokenizerSpec { .. })
-        ));
+        let bad = TokenizerSpec::Char { chars: vec!['b', 'a'] };
+        assert!(matches!(Tokenizer::from_spec(&bad), Err(DataError::InvalidTokenizerSpec { .. })));
+        let dup = TokenizerSpec::Char { chars: vec!['a', 'a'] };
+        assert!(matches!(Tokenizer::from_spec(&dup), Err(DataError::InvalidTokenizerSpec { .. })));
     }
 
     #[test]
     fn spec_serde_is_tagged() {
-        let json = serde_json::to_string(&TokenizerSpec::Char {
-            chars: vec!['a', 'b'],
-        })
-        .unwrap();
+        let json = serde_json::to_string(&TokenizerSpec::Char { chars: vec!['a', 'b'] }).unwrap();
         assert_eq!(json, r#"{"kind":"char","chars":["a","b"]}"#);
-        assert_eq!(
-            serde_json::to_string(&TokenizerSpec::Gpt2).unwrap(),
-            r#"{"kind":"gpt2"}"#
-        );
+        assert_eq!(serde_json::to_string(&TokenizerSpec::Gpt2).unwrap(), r#"{"kind":"gpt2"}"#);
         let back: TokenizerSpec = serde_json::from_str(r#"{"kind":"gpt2"}"#).unwrap();
         assert_eq!(back, TokenizerSpec::Gpt2);
     }
@@ -332,23 +260,14 @@ mod tests {
         assert_eq!(t.encode("Hello world").unwrap(), vec![15496, 995]);
         assert_eq!(t.eos_id(), 50256);
         assert_eq!(t.vocab_size(), 50257);
-        assert_eq!(
-            t.decode(&[15496, 995, 50256]).unwrap(),
-            "Hello world<|endoftext|>"
-        );
+        assert_eq!(t.decode(&[15496, 995, 50256]).unwrap(), "Hello world<|endoftext|>");
         // Special tokens are not parsed by encode: the literal is ordinary text.
         assert!(!t.encode("<|endoftext|>").unwrap().contains(&50256));
         assert!(matches!(
             t.decode(&[50257]),
-            Err(DataError::TokenOutOfRange {
-                id: 50257,
-                vocab_size: 50257
-            })
+            Err(DataError::TokenOutOfRange { id: 50257, vocab_size: 50257 })
         ));
-        assert_eq!(
-            Tokenizer::from_spec(&TokenizerSpec::Gpt2).unwrap().spec(),
-            TokenizerSpec::Gpt2
-        );
+        assert_eq!(Tokenizer::from_spec(&TokenizerSpec::Gpt2).unwrap().spec(), TokenizerSpec::Gpt2);
     }
 
     #[test]
@@ -364,14 +283,8 @@ mod tests {
 
     #[test]
     fn kind_parse_and_display() {
-        assert_eq!(
-            "char".parse::<TokenizerKind>().unwrap(),
-            TokenizerKind::Char
-        );
-        assert_eq!(
-            "gpt2".parse::<TokenizerKind>().unwrap(),
-            TokenizerKind::Gpt2
-        );
+        assert_eq!("char".parse::<TokenizerKind>().unwrap(), TokenizerKind::Char);
+        assert_eq!("gpt2".parse::<TokenizerKind>().unwrap(), TokenizerKind::Gpt2);
         assert_eq!(TokenizerKind::Gpt2.to_string(), "gpt2");
         assert_eq!(TokenizerKind::Char.to_string(), "char");
         let err = "bpe".parse::<TokenizerKind>().unwrap_err();

@@ -30,10 +30,7 @@ pub fn causal_attention<B: Backend>(
         return attention_reference(q, k, v, dropout);
     }
     // One query (incremental decoding) sees every cached key: no mask at all.
-    let options = AttentionModuleOptions {
-        is_causal: seq_q > 1,
-        ..Default::default()
-    };
+    let options = AttentionModuleOptions { is_causal: seq_q > 1, ..Default::default() };
     attention(q, k, v, None, None, options)
 }
 
@@ -50,8 +47,7 @@ pub fn attention_reference<B: Backend>(
     let [batch, n_head, seq_q, d_head] = q.dims();
     let seq_k = k.dims()[2];
     let scores = q.matmul(k.swap_dims(2, 3)) / (d_head as f64).sqrt(); // [B, H, Tq, Tk]
-    let mask =
-        causal_mask::<B>(seq_q, seq_k, &scores.device()).expand([batch, n_head, seq_q, seq_k]);
+    let mask = causal_mask::<B>(seq_q, seq_k, &scores.device()).expand([batch, n_head, seq_q, seq_k]);
     let weights = softmax(scores.mask_fill(mask, f32::NEG_INFINITY), 3);
     let weights = match dropout {
         Some(dropout) => dropout.forward(weights),
@@ -78,10 +74,7 @@ pub struct KvCache<B: Backend> {
 impl<B: Backend> KvCache<B> {
     /// An empty cache for a model of `n_layer` layers.
     pub fn new(n_layer: usize) -> Self {
-        Self {
-            layers: vec![None; n_layer],
-            len: 0,
-        }
+        Self { layers: vec![None; n_layer], len: 0 }
     }
 
     /// Positions cached so far (the position of the next token).
@@ -96,12 +89,7 @@ impl<B: Backend> KvCache<B> {
 
     /// Appends layer `layer`'s keys and values of the new positions (`[batch, n_kv_head,
     /// new, d_head]`) and returns all of them, cached first.
-    pub fn extend(
-        &mut self,
-        layer: usize,
-        k: Tensor<B, 4>,
-        v: Tensor<B, 4>,
-    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    pub fn extend(&mut self, layer: usize, k: Tensor<B, 4>, v: Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>) {
         let (k, v) = match self.layers[layer].take() {
             Some((pk, pv)) => (Tensor::cat(vec![pk, k], 2), Tensor::cat(vec![pv, v], 2)),
             None => (k, v),
@@ -114,6 +102,20 @@ impl<B: Backend> KvCache<B> {
     pub fn advance(&mut self, new: usize) {
         self.len += new;
     }
+}
+
+/// The position of the first of `len` new tokens: after the cached ones, or 0 without a cache.
+///
+/// # Panics
+/// If the positions would exceed the context length `block_size`.
+pub fn first_position<B: Backend>(cache: &Option<&mut KvCache<B>>, len: usize, block_size: usize) -> usize {
+    let start = cache.as_ref().map_or(0, |c| c.len());
+    assert!(
+        start + len <= block_size,
+        "{} positions exceed the context length (block_size {block_size})",
+        start + len
+    );
+    start
 }
 
 /// An optional cache of one layer: lets a block run with or without a [`KvCache`].

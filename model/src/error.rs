@@ -18,3 +18,11 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// Errors with the first of `sizes` (`(field, value)`) that is 0.
+pub(crate) fn require_positive(sizes: &[(&'static str, usize)]) -> Result<(), ConfigError> {
+    match sizes.iter().find(|(_, value)| *value == 0) {
+        Some(&(field, _)) => Err(ConfigError { field, message: "must be at least 1, got 0".into() }),
+        None => Ok(()),
+    }
+}

@@ -23,10 +23,7 @@ pub fn generate<B: Backend>(
     device: &B::Device,
     mut next: impl FnMut(&[f32]) -> u32,
 ) -> Vec<u32> {
-    assert!(
-        !prompt.is_empty(),
-        "generation needs at least one prompt token"
-    );
+    assert!(!prompt.is_empty(), "generation needs at least one prompt token");
     let block_size = model.block_size();
     let mut ids = prompt.to_vec();
     let mut cache = model.new_cache();
@@ -39,12 +36,8 @@ pub fn generate<B: Backend>(
             model.forward(tokens(&ids[n.saturating_sub(block_size)..], device))
         };
         let [_, t, v] = logits.dims();
-        let last: Vec<f32> = logits
-            .slice([0..1, t - 1..t, 0..v])
-            .into_data()
-            .convert::<f32>()
-            .to_vec()
-            .expect("f32 logits");
+        let last: Vec<f32> =
+            logits.slice([0..1, t - 1..t, 0..v]).into_data().convert::<f32>().to_vec().expect("f32 logits");
         ids.push(next(&last));
     }
     ids
@@ -60,12 +53,6 @@ pub fn argmax(logits: &[f32]) -> u32 {
     logits
         .iter()
         .enumerate()
-        .fold((0, f32::NEG_INFINITY), |best, (i, &l)| {
-            if l > best.1 {
-                (i, l)
-            } else {
-                best
-            }
-        })
+        .fold((0, f32::NEG_INFINITY), |best, (i, &l)| if l > best.1 { (i, l) } else { best })
         .0 as u32
 }

@@ -46,18 +46,11 @@ impl fmt::Display for HfError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             HfError::Store { path, message } => write!(f, "{}: {message}", path.display()),
-            HfError::Mismatch {
-                path,
-                missing,
-                unexpected,
-                misshaped,
-            } => {
+            HfError::Mismatch { path, missing, unexpected, misshaped } => {
                 write!(f, "{}: the weights do not fit the model", path.display())?;
-                for (what, list) in [
-                    ("missing", missing),
-                    ("unexpected", unexpected),
-                    ("mis-shaped", misshaped),
-                ] {
+                for (what, list) in
+                    [("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)]
+                {
                     if !list.is_empty() {
                         write!(f, "\n  {what} ({}): {}", list.len(), list.join(", "))?;
                     }
@@ -96,15 +89,9 @@ fn to_hf_names(model: &LanguageModel<impl Backend>) -> &'static [(&'static str, 
 
 /// The Hugging Face name of a Burn path (the inverse of [`to_burn_names`]), for messages.
 fn hf_name(model: &LanguageModel<impl Backend>, burn_path: &str) -> String {
-    let norm = burn_path
-        .replace(".gamma", ".weight")
-        .replace(".beta", ".bias");
+    let norm = burn_path.replace(".gamma", ".weight").replace(".beta", ".bias");
     match model {
-        LanguageModel::Gpt2(_)
-            if ["wte.", "wpe.", "h.", "ln_f."]
-                .iter()
-                .any(|p| norm.starts_with(p)) =>
-        {
+        LanguageModel::Gpt2(_) if ["wte.", "wpe.", "h.", "ln_f."].iter().any(|p| norm.starts_with(p)) => {
             format!("transformer.{norm}")
         }
         _ => norm,
@@ -118,9 +105,7 @@ fn ignorable(model: &LanguageModel<impl Backend>, burn_path: &str) -> bool {
         LanguageModel::Llama(m) => m.lm_head.is_none(),
     };
     let mask_buffer = burn_path.ends_with(".attn.bias") || burn_path.ends_with(".attn.masked_bias");
-    (tied && burn_path == "lm_head.weight")
-        || mask_buffer
-        || burn_path.ends_with("rotary_emb.inv_freq")
+    (tied && burn_path == "lm_head.weight") || mask_buffer || burn_path.ends_with("rotary_emb.inv_freq")
 }
 
 /// Transposes PyTorch `Linear` weights (`[out, in]` ↔ Burn's `[in, out]`) and converts
@@ -145,11 +130,7 @@ impl ModuleAdapter for Layout {
         }
         let data_fn = snapshot.clone_data_fn();
         let shape: Vec<usize> = snapshot.shape.to_vec();
-        let out_shape = if transpose {
-            vec![shape[1], shape[0]]
-        } else {
-            shape.clone()
-        };
+        let out_shape = if transpose { vec![shape[1], shape[0]] } else { shape.clone() };
         let dtype = if cast { DType::F32 } else { snapshot.dtype };
         TensorSnapshot::from_closure(
             std::rc::Rc::new(move || {
@@ -157,11 +138,7 @@ impl ModuleAdapter for Layout {
                 if cast {
                     data = data.convert::<f32>();
                 }
-                Ok(if transpose {
-                    transpose_2d(data, &shape)
-                } else {
-                    data
-                })
+                Ok(if transpose { transpose_2d(data, &shape) } else { data })
             }),
             dtype,
             out_shape.into(),
@@ -192,10 +169,7 @@ fn transpose_2d(data: TensorData, shape: &[usize]) -> TensorData {
 }
 
 fn store_err(path: &Path) -> impl Fn(burn_store::SafetensorsStoreError) -> HfError + '_ {
-    move |e| HfError::Store {
-        path: path.into(),
-        message: e.to_string(),
-    }
+    move |e| HfError::Store { path: path.into(), message: e.to_string() }
 }
 
 /// Loads Hugging Face weights from `path` into `model` (which fixes the architecture and the
@@ -203,25 +177,14 @@ fn store_err(path: &Path) -> impl Fn(burn_store::SafetensorsStoreError) -> HfErr
 ///
 /// Errors: an unreadable file; [`HfError::Mismatch`] listing each missing, unexpected and
 /// mis-shaped tensor by its Hugging Face name.
-pub fn load<B: Backend>(
-    mut model: LanguageModel<B>,
-    path: &Path,
-) -> Result<LanguageModel<B>, HfError> {
+pub fn load<B: Backend>(mut model: LanguageModel<B>, path: &Path) -> Result<LanguageModel<B>, HfError> {
     if !path.is_file() {
-        return Err(HfError::Store {
-            path: path.into(),
-            message: "no such file".into(),
-        });
+        return Err(HfError::Store { path: path.into(), message: "no such file".into() });
     }
     let mut store = to_burn_names(&model)
         .iter()
-        .fold(SafetensorsStore::from_file(path), |s, (from, to)| {
-            s.with_key_remapping(*from, *to)
-        })
-        .with_from_adapter(Layout {
-            all_linear: matches!(model, LanguageModel::Llama(_)),
-            to_f32: true,
-        })
+        .fold(SafetensorsStore::from_file(path), |s, (from, to)| s.with_key_remapping(*from, *to))
+        .with_from_adapter(Layout { all_linear: matches!(model, LanguageModel::Llama(_)), to_f32: true })
         .allow_partial(true)
         .validate(false);
     let result = match &mut model {
@@ -229,26 +192,14 @@ pub fn load<B: Backend>(
         LanguageModel::Llama(m) => m.load_from(&mut store),
     }
     .map_err(store_err(path))?;
-    let missing: Vec<String> = result
-        .missing
-        .iter()
-        .map(|(p, _)| hf_name(&model, p))
-        .collect();
-    let unexpected: Vec<String> = result
-        .unused
-        .iter()
-        .filter(|p| !ignorable(&model, p))
-        .map(|p| hf_name(&model, p))
-        .collect();
+    let missing: Vec<String> = result.missing.iter().map(|(p, _)| hf_name(&model, p)).collect();
+    let unexpected: Vec<String> =
+        result.unused.iter().filter(|p| !ignorable(&model, p)).map(|p| hf_name(&model, p)).collect();
     let misshaped: Vec<String> = result
         .errors
         .iter()
         .map(|e| match e {
-            burn_store::ApplyError::ShapeMismatch {
-                path,
-                expected,
-                found,
-            } => {
+            burn_store::ApplyError::ShapeMismatch { path, expected, found } => {
                 format!(
                     "{} expected {:?}, found {:?}",
                     hf_name(&model, path),
@@ -262,12 +213,7 @@ pub fn load<B: Backend>(
     if missing.is_empty() && unexpected.is_empty() && misshaped.is_empty() {
         Ok(model)
     } else {
-        Err(HfError::Mismatch {
-            path: path.into(),
-            missing,
-            unexpected,
-            misshaped,
-        })
+        Err(HfError::Mismatch { path: path.into(), missing, unexpected, misshaped })
     }
 }
 
@@ -278,16 +224,11 @@ pub fn load<B: Backend>(
 pub fn save<B: Backend>(model: &LanguageModel<B>, path: &Path) -> Result<(), HfError> {
     let mut store = to_hf_names(model)
         .iter()
-        .fold(SafetensorsStore::from_file(path), |s, (from, to)| {
-            s.with_key_remapping(*from, *to)
-        })
+        .fold(SafetensorsStore::from_file(path), |s, (from, to)| s.with_key_remapping(*from, *to))
         .clear_metadata()
         .metadata("format", "pt")
         .overwrite(true)
-        .with_to_adapter(Layout {
-            all_linear: matches!(model, LanguageModel::Llama(_)),
-            to_f32: false,
-        });
+        .with_to_adapter(Layout { all_linear: matches!(model, LanguageModel::Llama(_)), to_f32: false });
     match model {
         LanguageModel::Gpt2(m) => m.save_into(&mut store),
         LanguageModel::Llama(m) => m.save_into(&mut store),

@@ -50,3 +50,21 @@ pub fn materialize<B: Backend, M: burn::module::Module<B>>(module: &M) {
     }
     module.visit(&mut Materialize);
 }
+
+/// Logits `[batch, seq_len, vocab]` of hidden states `[batch, seq_len, d_model]`: through an
+/// untied `head` (`[d_model, vocab]`), or through `embeddingᵀ` (`embedding` is
+/// `[vocab, d_model]`) when tied.
+///
+/// The tied transpose stays a strided view: `burn::tensor::module::linear(h, Eᵀ)` reshapes the
+/// transposed weight, which on burn-flex copies the whole `[vocab, d_model]` matrix at every
+/// call (it was most of a 124M model's decoding time).
+pub fn lm_logits<B: Backend>(
+    hidden: Tensor<B, 3>,
+    head: Option<&Linear<B>>,
+    embedding: &Param<Tensor<B, 2>>,
+) -> Tensor<B, 3> {
+    match head {
+        Some(head) => head.forward(hidden),
+        None => hidden.matmul(embedding.val().unsqueeze::<3>().swap_dims(1, 2)),
+    }
+}

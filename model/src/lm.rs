@@ -27,11 +27,7 @@ pub enum ModelConfig {
 
 /// Names accepted by [`ModelConfig::preset`].
 pub fn preset_names() -> Vec<&'static str> {
-    crate::gpt::config::PRESETS
-        .iter()
-        .chain(crate::llama::config::LLAMA_PRESETS)
-        .copied()
-        .collect()
+    crate::gpt::config::PRESETS.iter().chain(crate::llama::config::LLAMA_PRESETS).copied().collect()
 }
 
 impl ModelConfig {
@@ -128,11 +124,7 @@ impl<B: Backend> LanguageModel<B> {
     }
 
     /// Incremental decoding (see [`Gpt::forward_cached`]).
-    pub fn forward_cached(
-        &self,
-        tokens: Tensor<B, 2, Int>,
-        cache: &mut KvCache<B>,
-    ) -> Tensor<B, 3> {
+    pub fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
         match self {
             LanguageModel::Gpt2(m) => m.forward_cached(tokens, cache),
             LanguageModel::Llama(m) => m.forward_cached(tokens, cache),

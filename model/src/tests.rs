@@ -41,11 +41,7 @@ fn num_params_matches_the_config_formula_in_every_variant() {
     for (bias, tie) in [(true, true), (false, true), (true, false), (false, false)] {
         let cfg = tiny().with_bias(bias).with_tie_embeddings(tie);
         let model = cfg.init::<B>(&Default::default()).unwrap();
-        assert_eq!(
-            model.num_params(),
-            cfg.num_params(),
-            "bias {bias} tie {tie}"
-        );
+        assert_eq!(model.num_params(), cfg.num_params(), "bias {bias} tie {tie}");
     }
     // Hand count, tiny (V 64, ctx 16, C 32, 2 layers, bias, tied):
     // wte 2048 + wpe 512 + 2·(ln 128 + attn 3168+1056 + mlp 4224+4128) + ln_f 64 = 28032.
@@ -73,15 +69,10 @@ fn fused_attention_equals_the_explicit_softmax_path() {
     let q = Tensor::<B, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
     let k = Tensor::<B, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
     let v = Tensor::<B, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
-    let opts = AttentionModuleOptions {
-        is_causal: true,
-        ..Default::default()
-    };
+    let opts = AttentionModuleOptions { is_causal: true, ..Default::default() };
     let fused = attention(q.clone(), k.clone(), v.clone(), None, None, opts);
     let explicit = attention_reference(q, k, v, None);
-    fused
-        .into_data()
-        .assert_approx_eq::<f32>(&explicit.into_data(), Tolerance::absolute(1e-5));
+    fused.into_data().assert_approx_eq::<f32>(&explicit.into_data(), Tolerance::absolute(1e-5));
 }
 
 #[test]
@@ -118,38 +109,18 @@ fn gpt2_initialization_scales_residual_projections() {
     let cfg = GptConfig::new(512, 8, 4, 128, 64); // residual std 0.02/√16 = 0.005
     let model = cfg.init::<B>(&device).unwrap();
     let (m, s) = mean_std(model.wte.weight.val());
-    assert!(
-        m.abs() < 1e-3 && (s - 0.02).abs() < 5e-4,
-        "wte mean {m} std {s}"
-    );
+    assert!(m.abs() < 1e-3 && (s - 0.02).abs() < 5e-4, "wte mean {m} std {s}");
     let (_, s) = mean_std(model.h[0].attn.c_attn.weight.val());
     assert!((s - 0.02).abs() < 5e-4, "c_attn std {s}");
     let (_, s) = mean_std(model.h[3].mlp.c_proj.weight.val());
     assert!((s - 0.005).abs() < 2e-4, "mlp.c_proj std {s}");
     let (_, s) = mean_std(model.h[3].attn.c_proj.weight.val());
     assert!((s - 0.005).abs() < 3e-4, "attn.c_proj std {s}");
-    let bias: Vec<f32> = model.h[0]
-        .attn
-        .c_attn
-        .bias
-        .as_ref()
-        .unwrap()
-        .val()
-        .into_data()
-        .to_vec()
-        .unwrap();
+    let bias: Vec<f32> = model.h[0].attn.c_attn.bias.as_ref().unwrap().val().into_data().to_vec().unwrap();
     assert!(bias.iter().all(|&x| x == 0.0));
     let gain: Vec<f32> = model.h[0].ln_1.gamma.val().into_data().to_vec().unwrap();
     assert!(gain.iter().all(|&x| x == 1.0));
-    let beta: Vec<f32> = model
-        .ln_f
-        .beta
-        .as_ref()
-        .unwrap()
-        .val()
-        .into_data()
-        .to_vec()
-        .unwrap();
+    let beta: Vec<f32> = model.ln_f.beta.as_ref().unwrap().val().into_data().to_vec().unwrap();
     assert!(beta.iter().all(|&x| x == 0.0));
 }
 
@@ -158,12 +129,7 @@ fn same_seed_builds_identical_weights() {
     let device = Default::default();
     let build = || {
         let _seed = seeded(42);
-        tiny().init::<B>(&device).unwrap().h[1]
-            .mlp
-            .c_fc
-            .weight
-            .val()
-            .into_data()
+        tiny().init::<B>(&device).unwrap().h[1].mlp.c_fc.weight.val().into_data()
     };
     assert_eq!(build(), build());
 }
@@ -175,17 +141,11 @@ fn erf_and_tanh_gelu_give_close_but_different_logits() {
     let tanh = tiny().init::<B>(&device).unwrap();
     let erf_cfg = tiny().with_gelu(GeluKind::Erf);
     // Same weights, other activation: load tanh's record into an erf-configured model.
-    let erf = erf_cfg
-        .init::<B>(&device)
-        .unwrap()
-        .load_record(tanh.clone().into_record());
+    let erf = erf_cfg.init::<B>(&device).unwrap().load_record(tanh.clone().into_record());
     let x = tokens(&[&[3, 1, 4, 1, 5, 9]]);
     let (a, b) = (tanh.forward(x.clone()), erf.forward(x));
     let diff = (a - b).abs().max().into_scalar();
-    assert!(
-        diff > 0.0 && diff < 1e-2,
-        "max |tanh - erf| logits = {diff}"
-    );
+    assert!(diff > 0.0 && diff < 1e-2, "max |tanh - erf| logits = {diff}");
 }
 
 #[test]
@@ -208,11 +168,7 @@ mod cache_and_llama {
 
     fn models() -> Vec<LanguageModel<B>> {
         let device = Default::default();
-        let gpt = ModelConfig::Gpt2(
-            GptConfig::preset("tiny")
-                .unwrap()
-                .with_tie_embeddings(false),
-        );
+        let gpt = ModelConfig::Gpt2(GptConfig::preset("tiny").unwrap().with_tie_embeddings(false));
         let llama = ModelConfig::Llama(LlamaConfig::preset("llama-tiny").unwrap());
         vec![gpt.init(&device).unwrap(), llama.init(&device).unwrap()]
     }
@@ -228,8 +184,7 @@ mod cache_and_llama {
             let sixth = model.forward_cached(tokens(&[&[3]]), &mut cache);
             assert_eq!(cache.len(), 6);
             let got = Tensor::cat(vec![first, fifth, sixth], 1);
-            got.into_data()
-                .assert_approx_eq::<f32>(&full.into_data(), Tolerance::absolute(1e-5));
+            got.into_data().assert_approx_eq::<f32>(&full.into_data(), Tolerance::absolute(1e-5));
         }
     }
 
@@ -290,12 +245,7 @@ mod cache_and_llama {
         let device = Default::default();
         let gqa_cfg = LlamaConfig::preset("llama-tiny").unwrap(); // 4 heads, 2 kv heads, d_head 8
         let gqa = gqa_cfg.init::<B>(&device).unwrap();
-        let mut mha = LlamaConfig {
-            n_kv_head: 4,
-            ..gqa_cfg.clone()
-        }
-        .init::<B>(&device)
-        .unwrap();
+        let mut mha = LlamaConfig { n_kv_head: 4, ..gqa_cfg.clone() }.init::<B>(&device).unwrap();
         let repeat_heads = |w: Tensor<B, 2>| {
             // [d_model, 2·8] → [d_model, 4·8] with kv heads (0, 0, 1, 1).
             let h0 = w.clone().slice([0..32, 0..8]);
@@ -346,12 +296,7 @@ mod hf_weights {
             .iter()
             .map(|(name, s)| {
                 let data = s.to_data().unwrap();
-                (
-                    name.clone(),
-                    s.shape.to_vec(),
-                    format!("{:?}", s.dtype),
-                    data.as_bytes().to_vec(),
-                )
+                (name.clone(), s.shape.to_vec(), format!("{:?}", s.dtype), data.as_bytes().to_vec())
             })
             .collect();
         out.sort();
@@ -359,10 +304,7 @@ mod hf_weights {
     }
 
     fn names(path: &Path) -> Vec<(String, Vec<usize>)> {
-        tensors(path)
-            .into_iter()
-            .map(|(n, s, _, _)| (n, s))
-            .collect()
+        tensors(path).into_iter().map(|(n, s, _, _)| (n, s)).collect()
     }
 
     fn model(config: ModelConfig) -> LanguageModel<B> {
@@ -380,16 +322,11 @@ mod hf_weights {
         let path = dir.path().join("model.safetensors");
         hf::save(&model(gpt_tiny()), &path).unwrap();
         let names = names(&path);
-        assert!(
-            names.contains(&("transformer.h.1.attn.c_attn.weight".into(), vec![32, 96])),
-            "{names:?}"
-        );
+        assert!(names.contains(&("transformer.h.1.attn.c_attn.weight".into(), vec![32, 96])), "{names:?}");
         assert!(names.contains(&("transformer.h.0.ln_1.weight".into(), vec![32])));
         assert!(names.contains(&("transformer.ln_f.bias".into(), vec![32])));
         assert!(names.contains(&("transformer.wpe.weight".into(), vec![16, 32])));
-        assert!(!names
-            .iter()
-            .any(|(n, _)| n.contains("lm_head") || n.contains("gamma")));
+        assert!(!names.iter().any(|(n, _)| n.contains("lm_head") || n.contains("gamma")));
         assert_eq!(names.len(), 2 + 2 * 12 + 2);
     }
 
@@ -399,19 +336,13 @@ mod hf_weights {
         let dir = tempfile::tempdir().unwrap();
         let llama = ModelConfig::Llama(LlamaConfig::preset("llama-tiny").unwrap());
         for (i, config) in [gpt_tiny(), llama].into_iter().enumerate() {
-            let (a, b) = (
-                dir.path().join(format!("a{i}.safetensors")),
-                dir.path().join(format!("b{i}.safetensors")),
-            );
+            let (a, b) =
+                (dir.path().join(format!("a{i}.safetensors")), dir.path().join(format!("b{i}.safetensors")));
             hf::save(&model(config.clone()), &a).unwrap();
             let loaded = hf::load(model(config), &a).unwrap();
             hf::save(&loaded, &b).unwrap();
             assert_eq!(tensors(&a), tensors(&b));
-            assert_eq!(
-                std::fs::read(&a).unwrap(),
-                std::fs::read(&b).unwrap(),
-                "byte-identical files"
-            );
+            assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap(), "byte-identical files");
         }
     }
 
@@ -420,13 +351,7 @@ mod hf_weights {
         let _seed = seeded(23);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("llama.safetensors");
-        hf::save(
-            &model(ModelConfig::Llama(
-                LlamaConfig::preset("llama-tiny").unwrap(),
-            )),
-            &path,
-        )
-        .unwrap();
+        hf::save(&model(ModelConfig::Llama(LlamaConfig::preset("llama-tiny").unwrap())), &path).unwrap();
         let names = names(&path);
         // llama-tiny: d_model 32, 4 heads of 8, 2 kv heads, d_ff 88, vocab 64, untied.
         for (name, shape) in [
@@ -439,10 +364,7 @@ mod hf_weights {
             ("model.norm.weight", vec![32]),
             ("lm_head.weight", vec![64, 32]),
         ] {
-            assert!(
-                names.contains(&(name.to_string(), shape.clone())),
-                "{name} {shape:?} not in {names:?}"
-            );
+            assert!(names.contains(&(name.to_string(), shape.clone())), "{name} {shape:?} not in {names:?}");
         }
     }
 
@@ -452,61 +374,31 @@ mod hf_weights {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("three_layers.safetensors");
         let tiny = GptConfig::preset("tiny").unwrap();
-        let bigger = ModelConfig::Gpt2(GptConfig {
-            n_layer: 3,
-            vocab_size: 70,
-            ..tiny.clone()
-        });
+        let bigger = ModelConfig::Gpt2(GptConfig { n_layer: 3, vocab_size: 70, ..tiny.clone() });
         hf::save(&model(bigger), &path).unwrap();
         let err = hf::load(model(gpt_tiny()), &path).unwrap_err();
-        let HfError::Mismatch {
-            missing,
-            unexpected,
-            misshaped,
-            ..
-        } = &err
-        else {
-            panic!("{err}")
-        };
+        let HfError::Mismatch { missing, unexpected, misshaped, .. } = &err else { panic!("{err}") };
         assert!(missing.is_empty(), "{missing:?}");
         assert_eq!(unexpected.len(), 12, "layer 2's tensors: {unexpected:?}");
-        assert!(
-            unexpected.contains(&"transformer.h.2.mlp.c_fc.bias".to_string()),
-            "{unexpected:?}"
-        );
+        assert!(unexpected.contains(&"transformer.h.2.mlp.c_fc.bias".to_string()), "{unexpected:?}");
         assert_eq!(misshaped.len(), 1, "{misshaped:?}");
         assert!(
             misshaped[0].starts_with("transformer.wte.weight expected [64, 32], found [70, 32]"),
             "{misshaped:?}"
         );
         let text = err.to_string();
-        assert!(
-            text.contains("unexpected (12)") && text.contains("mis-shaped (1)"),
-            "{text}"
-        );
+        assert!(text.contains("unexpected (12)") && text.contains("mis-shaped (1)"), "{text}");
 
-        let err = hf::load(
-            model(ModelConfig::Gpt2(GptConfig { n_layer: 4, ..tiny })),
-            &path,
-        )
-        .unwrap_err();
-        let HfError::Mismatch { missing, .. } = &err else {
-            panic!("{err}")
-        };
+        let err = hf::load(model(ModelConfig::Gpt2(GptConfig { n_layer: 4, ..tiny })), &path).unwrap_err();
+        let HfError::Mismatch { missing, .. } = &err else { panic!("{err}") };
         assert_eq!(missing.len(), 12, "layer 3's tensors: {missing:?}");
-        assert!(
-            missing.contains(&"transformer.h.3.ln_2.weight".to_string()),
-            "{missing:?}"
-        );
+        assert!(missing.contains(&"transformer.h.3.ln_2.weight".to_string()), "{missing:?}");
     }
 
     #[test]
     fn a_missing_file_is_an_error() {
         let err = hf::load(model(gpt_tiny()), Path::new("/no/such/model.safetensors")).unwrap_err();
-        assert!(
-            err.to_string().contains("/no/such/model.safetensors"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("/no/such/model.safetensors"), "{err}");
     }
 
     #[test]

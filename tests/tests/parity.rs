@@ -15,9 +15,7 @@ fn check(dir: &Path) {
 }
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
 }
 
 #[test]

@@ -11,9 +11,7 @@ use ember_train::{train, RunConfig, RunOptions};
 
 fn shared_corpus() -> Option<PathBuf> {
     let Some(shared) = std::env::var_os("EMBER_SHARED") else {
-        eprintln!(
-            "skipping: EMBER_SHARED is not set (point it at the shared/ folder to run this test)"
-        );
+        eprintln!("skipping: EMBER_SHARED is not set (point it at the shared/ folder to run this test)");
         return None;
     };
     let path = Path::new(&shared).join("data/tinyshakespeare.txt");
@@ -40,41 +38,20 @@ fn char_model_on_tiny_shakespeare_learns_like_the_reference() {
     .unwrap();
     assert_eq!(summary.meta.vocab_size, 66, "65 characters + end-of-text");
 
-    let config_path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/shakespeare_char.toml");
-    let overrides: Vec<String> = [
-        "max_steps=150",
-        "eval_every=150",
-        "checkpoint_every=0",
-        "log_every=50",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let config_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/shakespeare_char.toml");
+    let overrides: Vec<String> = ["max_steps=150", "eval_every=150", "checkpoint_every=0", "log_every=50"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     let mut config = RunConfig::load(&config_path, &overrides).unwrap();
     config.data = Some(data);
     config.optimizer.lr_decay_steps = Some(2000); // the schedule of the full 2000-step run
-    let options = RunOptions {
-        config,
-        run_dir: dir.path().join("run"),
-        resume: false,
-        stop: Arc::default(),
-    };
+    let options = RunOptions { config, run_dir: dir.path().join("run"), resume: false, stop: Arc::default() };
     let mut lines = Vec::new();
-    let summary = train::<Autodiff<Flex>>(options, Default::default(), &mut |l| {
-        lines.push(l.to_string())
-    })
-    .unwrap();
+    let summary =
+        train::<Autodiff<Flex>>(options, Default::default(), &mut |l| lines.push(l.to_string())).unwrap();
     let val = summary.final_val_loss.unwrap();
     // The initial loss is ≈ ln 66 = 4.19; the PyTorch reference reaches 2.43 at step 250.
-    assert!(
-        lines[3].contains("eval      0 | val loss 4.2"),
-        "{}",
-        lines.join("\n")
-    );
-    assert!(
-        val < 2.65,
-        "val loss after 150 steps: {val}\n{}",
-        lines.join("\n")
-    );
+    assert!(lines[3].contains("eval      0 | val loss 4.2"), "{}", lines.join("\n"));
+    assert!(val < 2.65, "val loss after 150 steps: {val}\n{}", lines.join("\n"));
 }

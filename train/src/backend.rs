@@ -18,11 +18,7 @@ pub trait BackendTask {
 /// Runs `task` on `kind` (device index `index` for CUDA).
 ///
 /// Errors: `cuda` in a build without the `cuda` feature, or no usable CUDA device/driver.
-pub fn run_on<T: BackendTask>(
-    kind: BackendKind,
-    index: usize,
-    task: T,
-) -> Result<T::Output, TrainError> {
+pub fn run_on<T: BackendTask>(kind: BackendKind, index: usize, task: T) -> Result<T::Output, TrainError> {
     match kind {
         BackendKind::Flex => task.run::<Autodiff<Flex>>(Default::default()),
         BackendKind::Cuda => run_cuda(index, task),
@@ -45,7 +41,7 @@ fn run_cuda<T: BackendTask>(index: usize, task: T) -> Result<T::Output, TrainErr
 #[cfg(not(feature = "cuda"))]
 fn run_cuda<T: BackendTask>(_index: usize, _task: T) -> Result<T::Output, TrainError> {
     Err(TrainError::Backend(
-        "this ember was built without CUDA support; rebuild with `cargo build --release --features cuda` (set CUDARC_CUDA_VERSION=13000) or use backend = \"flex\"".into(),
+        "this ember was built without CUDA support; rebuild with `CUDARC_CUDA_VERSION=13000 cargo build --release --features ember/cuda` or use backend = \"flex\"".into(),
     ))
 }
 
@@ -95,22 +91,15 @@ mod tests {
 
     #[test]
     fn a_panicking_backend_call_becomes_an_error() {
-        let err = catch_panic(|| -> u32 {
-            panic!("Unable to dynamically load the \"cuda\" shared library")
-        });
-        assert_eq!(
-            err.unwrap_err(),
-            "Unable to dynamically load the \"cuda\" shared library"
-        );
+        let err = catch_panic(|| -> u32 { panic!("Unable to dynamically load the \"cuda\" shared library") });
+        assert_eq!(err.unwrap_err(), "Unable to dynamically load the \"cuda\" shared library");
         assert_eq!(catch_panic(|| 7), Ok(7));
     }
 
     #[cfg(not(feature = "cuda"))]
     #[test]
     fn cuda_without_the_feature_is_a_clear_error() {
-        let err = run_on(BackendKind::Cuda, 0, Answer)
-            .unwrap_err()
-            .to_string();
+        let err = run_on(BackendKind::Cuda, 0, Answer).unwrap_err().to_string();
         assert!(err.contains("built without CUDA"), "{err}");
     }
 

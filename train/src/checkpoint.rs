@@ -70,16 +70,10 @@ pub fn save<B: AutodiffBackend>(
             path: tmp.clone(),
             message: format!("cannot write record: {e}"),
         };
-        recorder()
-            .record(model.clone().into_record(), tmp.join("model"))
-            .map_err(record_err)?;
+        recorder().record(model.clone().into_record(), tmp.join("model")).map_err(record_err)?;
         let (decay, no_decay) = optimizer.to_records();
-        recorder()
-            .record(decay, tmp.join("optim_decay"))
-            .map_err(record_err)?;
-        recorder()
-            .record(no_decay, tmp.join("optim_no_decay"))
-            .map_err(record_err)?;
+        recorder().record(decay, tmp.join("optim_decay")).map_err(record_err)?;
+        recorder().record(no_decay, tmp.join("optim_no_decay")).map_err(record_err)?;
         let json = serde_json::to_vec_pretty(state).expect("state serializes");
         write_atomic(&tmp.join("state.json"), &json)?;
         if final_dir.exists() {
@@ -141,10 +135,8 @@ pub fn latest(run_dir: &Path) -> Result<PathBuf, TrainError> {
 pub fn load_state(dir: &Path) -> Result<TrainState, TrainError> {
     let path = dir.join("state.json");
     let bytes = fs::read(&path).map_err(TrainError::io(&path))?;
-    let state: TrainState = serde_json::from_slice(&bytes).map_err(|e| TrainError::Checkpoint {
-        path: path.clone(),
-        message: format!("invalid state: {e}"),
-    })?;
+    let state: TrainState = serde_json::from_slice(&bytes)
+        .map_err(|e| TrainError::Checkpoint { path: path.clone(), message: format!("invalid state: {e}") })?;
     if state.version != CHECKPOINT_VERSION {
         return Err(TrainError::Checkpoint {
             path,
@@ -163,13 +155,10 @@ pub fn load_model<B: Backend>(
     model: LanguageModel<B>,
     device: &B::Device,
 ) -> Result<LanguageModel<B>, TrainError> {
-    let record =
-        recorder()
-            .load(dir.join("model"), device)
-            .map_err(|e| TrainError::Checkpoint {
-                path: dir.join("model.mpk"),
-                message: format!("cannot load weights: {e}"),
-            })?;
+    let record = recorder().load(dir.join("model"), device).map_err(|e| TrainError::Checkpoint {
+        path: dir.join("model.mpk"),
+        message: format!("cannot load weights: {e}"),
+    })?;
     Ok(model.load_record(record))
 }
 
@@ -180,12 +169,10 @@ pub fn load_optimizer<B: AutodiffBackend>(
     device: &B::Device,
 ) -> Result<AdamWGroups<LanguageModel<B>, B>, TrainError> {
     let load = |name: &str| {
-        recorder()
-            .load(dir.join(name), device)
-            .map_err(|e| TrainError::Checkpoint {
-                path: dir.join(format!("{name}.mpk")),
-                message: format!("cannot load optimizer state: {e}"),
-            })
+        recorder().load(dir.join(name), device).map_err(|e| TrainError::Checkpoint {
+            path: dir.join(format!("{name}.mpk")),
+            message: format!("cannot load optimizer state: {e}"),
+        })
     };
     Ok(optimizer.load_records(load("optim_decay")?, load("optim_no_decay")?))
 }

@@ -61,15 +61,7 @@ pub fn eval_run(
             let data = self.trained.data()?;
             let sampler = WindowSampler::new(config.seed, config.model.block_size());
             let loss = |split| {
-                evaluate(
-                    &model,
-                    &data,
-                    split,
-                    &sampler,
-                    self.batches,
-                    config.micro_batch_size,
-                    &device,
-                )
+                evaluate(&model, &data, split, &sampler, self.batches, config.micro_batch_size, &device)
             };
             let step = self.trained.step()?;
             Ok(EvalReport {
@@ -82,10 +74,7 @@ pub fn eval_run(
     }
     let trained = Trained::open(source)?;
     let batches = batches.unwrap_or(trained.config.eval_batches);
-    let (kind, index) = (
-        backend.unwrap_or(trained.config.backend),
-        trained.config.device,
-    );
+    let (kind, index) = (backend.unwrap_or(trained.config.backend), trained.config.device);
     run_on(kind, index, Task { trained, batches })
 }
 
@@ -107,10 +96,7 @@ pub fn sample_run(
         }
     }
     let trained = Trained::open(source)?;
-    let (kind, index) = (
-        backend.unwrap_or(trained.config.backend),
-        trained.config.device,
-    );
+    let (kind, index) = (backend.unwrap_or(trained.config.backend), trained.config.device);
     run_on(kind, index, Task { trained, options })
 }
 
@@ -129,9 +115,7 @@ impl std::str::FromStr for ExportFormat {
         match s {
             "hf-gpt2" => Ok(ExportFormat::HfGpt2),
             "hf-llama" => Ok(ExportFormat::HfLlama),
-            other => Err(format!(
-                "unknown format {other:?}; expected hf-gpt2 or hf-llama"
-            )),
+            other => Err(format!("unknown format {other:?}; expected hf-gpt2 or hf-llama")),
         }
     }
 }

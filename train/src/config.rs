@@ -191,61 +191,42 @@ impl RunConfig {
     /// Errors: unreadable file, bad TOML, unknown key, missing key, bad value, unknown preset —
     /// each naming the file and the key.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
-            path: path.into(),
-            error,
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|error| ConfigError::Read { path: path.into(), error })?;
         Self::from_toml_str(&text, path, overrides)
     }
 
     /// Like [`RunConfig::load`] from TOML text; `path` only names the source in errors.
-    pub fn from_toml_str(
-        text: &str,
-        path: &Path,
-        overrides: &[String],
-    ) -> Result<Self, ConfigError> {
-        let mut table: toml::Table =
-            text.parse()
-                .map_err(|e: toml::de::Error| ConfigError::Syntax {
-                    path: path.into(),
-                    message: e.to_string(),
-                })?;
+    pub fn from_toml_str(text: &str, path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
+        let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError::Syntax {
+            path: path.into(),
+            message: e.to_string(),
+        })?;
         for arg in overrides {
             apply_override(&mut table, arg)?;
         }
         // A bad value set with --set is reported as such, not as the file's.
         let key_err = |key: &str, message: String| {
             let set = overrides.iter().rev().find(|arg| {
-                arg.split_once('=').is_some_and(|(k, _)| {
-                    k.trim() == key || key.starts_with(&format!("{}.", k.trim()))
-                })
+                arg.split_once('=')
+                    .is_some_and(|(k, _)| k.trim() == key || key.starts_with(&format!("{}.", k.trim())))
             });
             ConfigError::Key {
                 path: set.map_or_else(|| path.into(), |arg| format!("--set {arg}").into()),
                 key: key.into(),
-                message: message
-                    .lines()
-                    .next()
-                    .unwrap_or_default()
-                    .trim()
-                    .to_string(),
+                message: message.lines().next().unwrap_or_default().trim().to_string(),
             }
         };
         let (model, preset_vocab) = match table.remove("model") {
-            Some(toml::Value::Table(model)) => {
-                resolve_model(model).map_err(|(k, m)| key_err(&k, m))?
-            }
+            Some(toml::Value::Table(model)) => resolve_model(model).map_err(|(k, m)| key_err(&k, m))?,
             Some(_) => return Err(key_err("model", "must be a table ([model])".into())),
             None => return Err(key_err("model", "missing: add a [model] table".into())),
         };
         table.insert("model".into(), toml::Value::Table(model));
-        let mut config: RunConfig = serde_path_to_error::deserialize(toml::Value::Table(table))
-            .map_err(|e| {
+        let mut config: RunConfig =
+            serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
                 let key = e.path().to_string();
-                key_err(
-                    if key == "." { "(top level)" } else { &key },
-                    e.inner().to_string(),
-                )
+                key_err(if key == "." { "(top level)" } else { &key }, e.inner().to_string())
             })?;
         if config.optimizer.lr_decay_steps.is_none() {
             config.optimizer.lr_decay_steps = Some(config.max_steps);
@@ -294,15 +275,12 @@ impl RunConfig {
     }
 
     fn validate(&self) -> Result<(), (String, String)> {
-        self.validate_fields()
-            .map_err(|(key, message)| (key.to_string(), message))?;
+        self.validate_fields().map_err(|(key, message)| (key.to_string(), message))?;
         let mut probe = self.model.clone();
         if probe.vocab_size() == VOCAB_FROM_DATA {
             probe.set_vocab_size(1);
         }
-        probe
-            .validate()
-            .map_err(|e| (format!("model.{}", e.field), e.message))
+        probe.validate().map_err(|e| (format!("model.{}", e.field), e.message))
     }
 
     fn validate_fields(&self) -> Result<(), (&'static str, String)> {
@@ -320,10 +298,7 @@ impl RunConfig {
         positive("log_every", self.log_every)?;
         positive("keep_checkpoints", self.keep_checkpoints as u64)?;
         if !matches!(self.tokenizer.as_str(), "char" | "gpt2") {
-            return Err((
-                "tokenizer",
-                format!("expected \"char\" or \"gpt2\", got {:?}", self.tokenizer),
-            ));
+            return Err(("tokenizer", format!("expected \"char\" or \"gpt2\", got {:?}", self.tokenizer)));
         }
         let o = &self.optimizer;
         let finite_pos = |key, v: f64| {
@@ -336,20 +311,14 @@ impl RunConfig {
         finite_pos("optimizer.lr", o.lr)?;
         finite_pos("optimizer.eps", o.eps)?;
         if !(o.min_lr >= 0.0 && o.min_lr <= o.lr) {
-            return Err((
-                "optimizer.min_lr",
-                format!("must be in [0, lr = {}], got {}", o.lr, o.min_lr),
-            ));
+            return Err(("optimizer.min_lr", format!("must be in [0, lr = {}], got {}", o.lr, o.min_lr)));
         }
         for (key, beta) in [("optimizer.beta1", o.beta1), ("optimizer.beta2", o.beta2)] {
             if !(0.0..1.0).contains(&beta) {
                 return Err((key, format!("must be in [0, 1), got {beta}")));
             }
         }
-        for (key, v) in [
-            ("optimizer.weight_decay", o.weight_decay),
-            ("optimizer.grad_clip", o.grad_clip),
-        ] {
+        for (key, v) in [("optimizer.weight_decay", o.weight_decay), ("optimizer.grad_clip", o.grad_clip)] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err((key, format!("must be a number ≥ 0, got {v}")));
             }
@@ -374,10 +343,7 @@ fn resolve_model(mut user: toml::Table) -> Result<(toml::Table, Option<usize>), 
         None => None,
         Some(toml::Value::String(arch)) if arch == "gpt2" || arch == "llama" => Some(arch),
         Some(other) => {
-            return Err((
-                "model.arch".into(),
-                format!("expected \"gpt2\" or \"llama\", got {other}"),
-            ))
+            return Err(("model.arch".into(), format!("expected \"gpt2\" or \"llama\", got {other}")))
         }
     };
     let mut model = match user.remove("preset") {
@@ -399,52 +365,29 @@ fn resolve_model(mut user: toml::Table) -> Result<(toml::Table, Option<usize>), 
             None => {
                 return Err((
                     "model.preset".into(),
-                    format!(
-                        "unknown preset {name:?}; expected one of {:?}",
-                        ember_model::lm::preset_names()
-                    ),
+                    format!("unknown preset {name:?}; expected one of {:?}", ember_model::lm::preset_names()),
                 ))
             }
         },
-        Some(other) => {
-            return Err((
-                "model.preset".into(),
-                format!("expected a string, got {other}"),
-            ))
-        }
+        Some(other) => return Err(("model.preset".into(), format!("expected a string, got {other}"))),
     };
-    let arch = model["arch"]
-        .as_str()
-        .expect("every model table has an arch")
-        .to_string();
+    let arch = model["arch"].as_str().expect("every model table has an arch").to_string();
     let reference = table_of(&reference_config(&arch));
     let explicit_vocab = user.contains_key("vocab_size");
     for (key, value) in user {
         if !reference.contains_key(&key) {
-            let known: Vec<&str> = reference
-                .keys()
-                .map(String::as_str)
-                .filter(|k| *k != "arch")
-                .collect();
+            let known: Vec<&str> = reference.keys().map(String::as_str).filter(|k| *k != "arch").collect();
             return Err((
                 format!("model.{key}"),
-                format!(
-                    "unknown key for arch {arch:?}; expected `arch`, `preset` or one of {known:?}"
-                ),
+                format!("unknown key for arch {arch:?}; expected `arch`, `preset` or one of {known:?}"),
             ));
         }
         model.insert(key, value);
     }
     let mut preset_vocab = None;
     if !explicit_vocab {
-        preset_vocab = model
-            .get("vocab_size")
-            .and_then(toml::Value::as_integer)
-            .map(|v| v as usize);
-        model.insert(
-            "vocab_size".into(),
-            toml::Value::Integer(VOCAB_FROM_DATA as i64),
-        );
+        preset_vocab = model.get("vocab_size").and_then(toml::Value::as_integer).map(|v| v as usize);
+        model.insert("vocab_size".into(), toml::Value::Integer(VOCAB_FROM_DATA as i64));
     }
     Ok((model, preset_vocab))
 }
@@ -461,15 +404,7 @@ fn reference_config(arch: &str) -> ModelConfig {
 /// leaving out the sizes that have none.
 fn arch_defaults(arch: &str) -> toml::Table {
     let mut defaults = table_of(&reference_config(arch));
-    for required in [
-        "vocab_size",
-        "n_layer",
-        "n_head",
-        "n_kv_head",
-        "d_model",
-        "d_ff",
-        "block_size",
-    ] {
+    for required in ["vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "block_size"] {
         defaults.remove(required);
     }
     defaults
@@ -481,18 +416,11 @@ fn table_of(config: &ModelConfig) -> toml::Table {
 
 /// Applies one `key=value` override to the raw TOML table.
 fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError> {
-    let set_err = |message: &str| ConfigError::Set {
-        arg: arg.into(),
-        message: message.into(),
-    };
-    let (key, raw) = arg
-        .split_once('=')
-        .ok_or_else(|| set_err("expected key=value, e.g. max_steps=100"))?;
+    let set_err = |message: &str| ConfigError::Set { arg: arg.into(), message: message.into() };
+    let (key, raw) = arg.split_once('=').ok_or_else(|| set_err("expected key=value, e.g. max_steps=100"))?;
     let key = key.trim();
     if key.is_empty() || key.split('.').any(str::is_empty) {
-        return Err(set_err(
-            "empty key; expected a dotted key such as optimizer.lr",
-        ));
+        return Err(set_err("empty key; expected a dotted key such as optimizer.lr"));
     }
     // A TOML value if it parses as one (numbers, booleans, quoted strings, arrays), else a string.
     let value = format!("v = {raw}")
@@ -504,12 +432,8 @@ fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError>
     let last = parts.pop().expect("split yields at least one part");
     let mut node = table;
     for part in parts {
-        let entry = node
-            .entry(part)
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        node = entry
-            .as_table_mut()
-            .ok_or_else(|| set_err(&format!("`{part}` is not a table")))?;
+        let entry = node.entry(part).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        node = entry.as_table_mut().ok_or_else(|| set_err(&format!("`{part}` is not a table")))?;
     }
     node.insert(last.to_string(), value);
     Ok(())
@@ -537,16 +461,10 @@ lr = 1e-3
     #[test]
     fn preset_fields_are_overlaid_by_explicit_keys() {
         let mut c = load(BASE, &[]).unwrap();
-        let ModelConfig::Gpt2(m) = &c.model else {
-            panic!("tiny is a GPT-2 preset")
-        };
+        let ModelConfig::Gpt2(m) = &c.model else { panic!("tiny is a GPT-2 preset") };
         assert_eq!((m.n_layer, m.d_model), (3, 32));
         c.resolve_vocab(50).unwrap();
-        assert_eq!(
-            c.model.vocab_size(),
-            64,
-            "the preset's vocabulary holds the data's"
-        );
+        assert_eq!(c.model.vocab_size(), 64, "the preset's vocabulary holds the data's");
         assert_eq!(c.optimizer.lr_decay_steps, Some(10));
         assert_eq!(c.seed, 1337);
     }
@@ -566,25 +484,14 @@ lr = 1e-3
             ],
         )
         .unwrap();
-        assert_eq!(
-            (
-                c.max_steps,
-                c.seed,
-                c.eval_every,
-                c.eval_batches,
-                c.checkpoint_every
-            ),
-            (7, 3, 2, 4, 5)
-        );
+        assert_eq!((c.max_steps, c.seed, c.eval_every, c.eval_batches, c.checkpoint_every), (7, 3, 2, 4, 5));
         assert_eq!(c.optimizer.lr, 0.01);
         assert!(matches!(&c.model, ModelConfig::Gpt2(m) if m.dropout == 0.1));
     }
 
     #[test]
     fn unknown_top_level_key_names_file_and_key() {
-        let err = load(&format!("max_step = 3\n{BASE}"), &[])
-            .unwrap_err()
-            .to_string();
+        let err = load(&format!("max_step = 3\n{BASE}"), &[]).unwrap_err().to_string();
         assert!(err.starts_with("run.toml: "), "{err}");
         assert!(err.contains("unknown field `max_step`"), "{err}");
     }
@@ -592,55 +499,29 @@ lr = 1e-3
     #[test]
     fn unknown_model_and_optimizer_keys_are_errors() {
         let err = load(BASE, &["model.n_heads=2"]).unwrap_err().to_string();
-        assert!(
-            err.contains("key `model.n_heads`: unknown key for arch \"gpt2\""),
-            "{err}"
-        );
-        let err = load(BASE, &["optimizer.learning_rate=2"])
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("optimizer") && err.contains("learning_rate"),
-            "{err}"
-        );
+        assert!(err.contains("key `model.n_heads`: unknown key for arch \"gpt2\""), "{err}");
+        let err = load(BASE, &["optimizer.learning_rate=2"]).unwrap_err().to_string();
+        assert!(err.contains("optimizer") && err.contains("learning_rate"), "{err}");
     }
 
     #[test]
     fn bad_values_name_the_key() {
-        let err = load(BASE, &["micro_batch_size=\"four\""])
-            .unwrap_err()
-            .to_string();
+        let err = load(BASE, &["micro_batch_size=\"four\""]).unwrap_err().to_string();
         assert!(err.contains("key `micro_batch_size`"), "{err}");
         let err = load(BASE, &["model.n_head=5"]).unwrap_err().to_string();
-        assert!(
-            err.contains("key `model.d_model`") && err.contains("divisible by n_head (5)"),
-            "{err}"
-        );
+        assert!(err.contains("key `model.d_model`") && err.contains("divisible by n_head (5)"), "{err}");
         let err = load(BASE, &["optimizer.min_lr=1"]).unwrap_err().to_string();
         assert!(err.contains("key `optimizer.min_lr`"), "{err}");
-        let err = load(BASE, &["model.preset=\"gpt9\""])
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("key `model.preset`") && err.contains("gpt9"),
-            "{err}"
-        );
-        let err = load("max_steps = 1\nmicro_batch_size = 1\n", &[])
-            .unwrap_err()
-            .to_string();
+        let err = load(BASE, &["model.preset=\"gpt9\""]).unwrap_err().to_string();
+        assert!(err.contains("key `model.preset`") && err.contains("gpt9"), "{err}");
+        let err = load("max_steps = 1\nmicro_batch_size = 1\n", &[]).unwrap_err().to_string();
         assert!(err.contains("key `model`: missing"), "{err}");
     }
 
     #[test]
     fn malformed_set_and_toml_are_errors() {
-        assert!(matches!(
-            load(BASE, &["max_steps"]),
-            Err(ConfigError::Set { .. })
-        ));
-        assert!(matches!(
-            load("max_steps = = 3", &[]),
-            Err(ConfigError::Syntax { .. })
-        ));
+        assert!(matches!(load(BASE, &["max_steps"]), Err(ConfigError::Set { .. })));
+        assert!(matches!(load("max_steps = = 3", &[]), Err(ConfigError::Syntax { .. })));
     }
 
     #[test]
@@ -649,33 +530,16 @@ lr = 1e-3
         let mut c = load(text, &[]).unwrap();
         c.resolve_vocab(66).unwrap();
         assert_eq!(c.model.vocab_size(), 66);
-        let ModelConfig::Gpt2(m) = &c.model else {
-            panic!("gpt2 is the default arch")
-        };
-        assert_eq!(
-            (m.dropout, m.bias, m.tie_embeddings),
-            (0.0, true, true),
-            "Burn's defaults"
-        );
-        let err = load(
-            "max_steps = 1\nmicro_batch_size = 1\n[model]\nn_layer = 1\n",
-            &[],
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            err.contains("key `model`") && err.contains("missing field"),
-            "{err}"
-        );
+        let ModelConfig::Gpt2(m) = &c.model else { panic!("gpt2 is the default arch") };
+        assert_eq!((m.dropout, m.bias, m.tie_embeddings), (0.0, true, true), "Burn's defaults");
+        let err =
+            load("max_steps = 1\nmicro_batch_size = 1\n[model]\nn_layer = 1\n", &[]).unwrap_err().to_string();
+        assert!(err.contains("key `model`") && err.contains("missing field"), "{err}");
         let mut small = load(BASE, &["model.vocab_size=10"]).unwrap();
         assert!(small.resolve_vocab(66).is_err());
         let mut preset_too_small = load(BASE, &[]).unwrap();
         preset_too_small.resolve_vocab(66).unwrap();
-        assert_eq!(
-            preset_too_small.model.vocab_size(),
-            66,
-            "data's vocabulary when the preset's is smaller"
-        );
+        assert_eq!(preset_too_small.model.vocab_size(), 66, "data's vocabulary when the preset's is smaller");
         let mut gpt2 = load(BASE, &["model.preset=\"gpt2\""]).unwrap();
         gpt2.resolve_vocab(50257).unwrap();
         assert_eq!(gpt2.model.vocab_size(), 50304, "GPT-2's padded vocabulary");
@@ -700,23 +564,14 @@ lr = 1e-3
     #[test]
     fn llama_models_come_from_a_preset_or_explicit_fields() {
         let c = load(BASE, &["model.preset=\"llama-tiny\"", "model.n_layer=3"]).unwrap();
-        let ModelConfig::Llama(m) = &c.model else {
-            panic!("llama-tiny is a Llama preset")
-        };
+        let ModelConfig::Llama(m) = &c.model else { panic!("llama-tiny is a Llama preset") };
         assert_eq!((m.n_layer, m.n_head, m.n_kv_head), (3, 4, 2));
         let text = "max_steps = 1\nmicro_batch_size = 1\n[model]\narch = \"llama\"\nn_layer = 1\nn_head = 2\nn_kv_head = 1\nd_model = 8\nd_ff = 16\nblock_size = 4\n";
         let c = load(text, &[]).unwrap();
-        assert!(
-            matches!(&c.model, ModelConfig::Llama(m) if m.rope_theta == 10000.0 && !m.tie_embeddings)
-        );
+        assert!(matches!(&c.model, ModelConfig::Llama(m) if m.rope_theta == 10000.0 && !m.tie_embeddings));
         let err = load(BASE, &["model.n_kv_head=1"]).unwrap_err().to_string();
-        assert!(
-            err.contains("key `model.n_kv_head`: unknown key for arch \"gpt2\""),
-            "{err}"
-        );
-        let err = load(BASE, &["model.arch=\"llama\""])
-            .unwrap_err()
-            .to_string();
+        assert!(err.contains("key `model.n_kv_head`: unknown key for arch \"gpt2\""), "{err}");
+        let err = load(BASE, &["model.arch=\"llama\""]).unwrap_err().to_string();
         assert!(err.contains("contradicts preset \"tiny\""), "{err}");
     }
 }

@@ -44,9 +44,7 @@ pub enum TrainError {
         step: u64,
     },
     /// The loss or gradient norm stopped being finite.
-    #[error(
-        "optimizer step {step}: {what} is {value} (diverged); lower optimizer.lr or check the data"
-    )]
+    #[error("optimizer step {step}: {what} is {value} (diverged); lower optimizer.lr or check the data")]
     NonFinite {
         /// The optimizer step.
         step: u64,

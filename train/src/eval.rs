@@ -31,14 +31,7 @@ pub fn evaluate<B: Backend>(
     let mut nll: Option<Tensor<B, 1>> = None;
     let mut tokens = 0usize;
     for k in 0..batches as u64 {
-        let batch = sampler.batch(
-            data.stream(split),
-            split,
-            EVAL_STEP_BASE + k,
-            0,
-            0,
-            batch_size,
-        )?;
+        let batch = sampler.batch(data.stream(split), split, EVAL_STEP_BASE + k, 0, 0, batch_size)?;
         tokens += batch.scored_tokens();
         let (inputs, targets) = to_tensors::<B>(&batch, device);
         let sum = nll_sum(model.forward(inputs), targets);

@@ -45,10 +45,7 @@ mod tests {
 
     #[test]
     fn uniform_logits_cost_ln_vocab_per_token() {
-        let nll = nll_sum(
-            logits(vec![0.0; 2 * 3 * 5], [2, 3, 5]),
-            targets(vec![0, 1, 2, 3, 4, 0], [2, 3]),
-        );
+        let nll = nll_sum(logits(vec![0.0; 2 * 3 * 5], [2, 3, 5]), targets(vec![0, 1, 2, 3, 4, 0], [2, 3]));
         let expected = 6.0 * (5f32).ln();
         assert!((nll.into_scalar() - expected).abs() < 1e-5);
     }
@@ -56,10 +53,8 @@ mod tests {
     #[test]
     fn hand_computed_two_class_loss() {
         // logits [0, ln 3]: p = [1/4, 3/4]. Targets 1 and 0: −ln(3/4) − ln(1/4) = ln(16/3).
-        let nll = nll_sum(
-            logits(vec![0.0, 3f32.ln(), 0.0, 3f32.ln()], [1, 2, 2]),
-            targets(vec![1, 0], [1, 2]),
-        );
+        let nll =
+            nll_sum(logits(vec![0.0, 3f32.ln(), 0.0, 3f32.ln()], [1, 2, 2]), targets(vec![1, 0], [1, 2]));
         assert!((nll.into_scalar() - (16.0f32 / 3.0).ln()).abs() < 1e-6);
     }
 
@@ -67,8 +62,7 @@ mod tests {
     fn ignored_positions_contribute_nothing() {
         let l = logits(vec![0.3, -1.0, 2.0, 0.5, 0.1, 0.2], [1, 2, 3]);
         let all = nll_sum(l.clone(), targets(vec![2, IGNORE_INDEX], [1, 2])).into_scalar();
-        let first_only =
-            nll_sum(l.slice([0..1, 0..1, 0..3]), targets(vec![2], [1, 1])).into_scalar();
+        let first_only = nll_sum(l.slice([0..1, 0..1, 0..3]), targets(vec![2], [1, 1])).into_scalar();
         assert_eq!(all, first_only);
     }
 }

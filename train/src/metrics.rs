@@ -47,12 +47,7 @@ pub struct EvalRecord {
 impl EvalRecord {
     /// The record of a validation loss of `val_loss` nats/token after `step` steps.
     pub fn new(step: u64, val_loss: f64, elapsed_s: f64) -> Self {
-        Self {
-            step,
-            val_loss,
-            val_perplexity: val_loss.exp(),
-            elapsed_s,
-        }
+        Self { step, val_loss, val_perplexity: val_loss.exp(), elapsed_s }
     }
 }
 
@@ -81,7 +76,13 @@ impl fmt::Display for TrainRecord {
         write!(
             f,
             "step {:>6} | loss {:.4} | ppl {:>8.2} | lr {:.3e} | grad norm {:.4} | {:>8.0} tok/s | {:>7.1} s",
-            self.step, self.loss, self.perplexity, self.lr, self.grad_norm, self.tokens_per_sec, self.elapsed_s
+            self.step,
+            self.loss,
+            self.perplexity,
+            self.lr,
+            self.grad_norm,
+            self.tokens_per_sec,
+            self.elapsed_s
         )
     }
 }
@@ -105,23 +106,14 @@ pub struct MetricsLog {
 impl MetricsLog {
     /// Opens (creating) `path` for appending.
     pub fn open(path: &Path) -> Result<Self, TrainError> {
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(TrainError::io(path))?;
-        Ok(Self {
-            path: path.into(),
-            file,
-        })
+        let file = OpenOptions::new().create(true).append(true).open(path).map_err(TrainError::io(path))?;
+        Ok(Self { path: path.into(), file })
     }
 
     /// Appends one record.
     pub fn write(&mut self, record: &Record) -> Result<(), TrainError> {
         let line = serde_json::to_string(record).expect("records serialize to JSON");
-        writeln!(self.file, "{line}")
-            .and_then(|_| self.file.flush())
-            .map_err(TrainError::io(&self.path))
+        writeln!(self.file, "{line}").and_then(|_| self.file.flush()).map_err(TrainError::io(&self.path))
     }
 }
 
@@ -151,14 +143,9 @@ pub fn truncate_after(path: &Path, step: u64) -> Result<(), TrainError> {
     if !path.exists() {
         return Ok(());
     }
-    let kept: Vec<Record> = read_records(path)?
-        .into_iter()
-        .filter(|r| r.step() <= step)
-        .collect();
-    let text: String = kept
-        .iter()
-        .map(|r| serde_json::to_string(r).expect("records serialize to JSON") + "\n")
-        .collect();
+    let kept: Vec<Record> = read_records(path)?.into_iter().filter(|r| r.step() <= step).collect();
+    let text: String =
+        kept.iter().map(|r| serde_json::to_string(r).expect("records serialize to JSON") + "\n").collect();
     crate::fsutil::write_atomic(path, text.as_bytes())
 }
 
@@ -186,19 +173,11 @@ mod tests {
             assert!(json.get(key).is_some(), "missing {key} in {json}");
         }
         assert_eq!(json["kind"], "train");
-        let eval = Record::Eval(EvalRecord {
-            step: 4,
-            val_loss: 1.5,
-            val_perplexity: 1.5f64.exp(),
-            elapsed_s: 1.0,
-        });
+        let eval =
+            Record::Eval(EvalRecord { step: 4, val_loss: 1.5, val_perplexity: 1.5f64.exp(), elapsed_s: 1.0 });
         let json = serde_json::to_value(eval).unwrap();
         assert_eq!(
-            (
-                json["kind"].as_str(),
-                json["step"].as_u64(),
-                json["val_loss"].as_f64()
-            ),
+            (json["kind"].as_str(), json["step"].as_u64(), json["val_loss"].as_f64()),
             (Some("eval"), Some(4), Some(1.5))
         );
     }
@@ -212,11 +191,7 @@ mod tests {
             log.write(&train(step)).unwrap();
         }
         truncate_after(&path, 3).unwrap();
-        let steps: Vec<u64> = read_records(&path)
-            .unwrap()
-            .iter()
-            .map(Record::step)
-            .collect();
+        let steps: Vec<u64> = read_records(&path).unwrap().iter().map(Record::step).collect();
         assert_eq!(steps, vec![1, 2, 3]);
     }
 }

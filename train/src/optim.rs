@@ -72,11 +72,7 @@ impl<M: AutodiffModule<B>, B: AutodiffBackend> AdamWGroups<M, B> {
                 .with_weight_decay(weight_decay as f32)
                 .init::<B, M>()
         };
-        Self {
-            decay: adamw(config.weight_decay),
-            no_decay: adamw(0.0),
-            census,
-        }
+        Self { decay: adamw(config.weight_decay), no_decay: adamw(0.0), census }
     }
 
     /// One update with learning rate `lr`; consumes the gradients (they are reset every step).

@@ -111,25 +111,18 @@ pub fn train<B: AutodiffBackend>(
     device: B::Device,
     log: &mut dyn FnMut(&str),
 ) -> Result<RunSummary, TrainError> {
-    let RunOptions {
-        mut config,
-        run_dir,
-        resume,
-        stop,
-    } = options;
+    let RunOptions { mut config, run_dir, resume, stop } = options;
     let session = Instant::now();
     fs::create_dir_all(&run_dir).map_err(TrainError::io(&run_dir))?;
     if !resume {
         ensure_fresh(&run_dir, log)?;
     }
     let data = open_data(&mut config, &run_dir)?;
-    config
-        .resolve_vocab(data.meta.vocab_size)
-        .map_err(|(key, message)| ConfigError::Key {
-            path: run_dir.join(files::CONFIG),
-            key: key.into(),
-            message,
-        })?;
+    config.resolve_vocab(data.meta.vocab_size).map_err(|(key, message)| ConfigError::Key {
+        path: run_dir.join(files::CONFIG),
+        key,
+        message,
+    })?;
     let model_err = |e: ember_model::ConfigError| ConfigError::Key {
         path: run_dir.join(files::CONFIG),
         key: format!("model.{}", e.field),
@@ -171,11 +164,7 @@ pub fn train<B: AutodiffBackend>(
         model = checkpoint::load_model(&dir, model, &device)?;
         optimizer = checkpoint::load_optimizer(&dir, optimizer, &device)?;
         metrics::truncate_after(&run_dir.join(files::METRICS), state.step)?;
-        log(&format!(
-            "resumed from {} (step {})",
-            dir.display(),
-            state.step
-        ));
+        log(&format!("resumed from {} (step {})", dir.display(), state.step));
     }
     write_atomic(&run_dir.join(files::CONFIG), config.to_toml().as_bytes())?;
     let meta_json = serde_json::to_vec_pretty(&data.meta).expect("meta serializes");
@@ -240,28 +229,12 @@ pub fn train<B: AutodiffBackend>(
     for step in start_step + 1..=config.max_steps {
         let started = Instant::now();
         let micro_batches = (0..config.accumulation_steps as u32)
-            .map(|micro| {
-                sampler.batch(
-                    &data.train,
-                    Split::Train,
-                    step,
-                    micro,
-                    0,
-                    config.micro_batch_size,
-                )
-            })
+            .map(|micro| sampler.batch(&data.train, Split::Train, step, micro, 0, config.micro_batch_size))
             .collect::<Result<Vec<_>, _>>()?;
         B::seed(&device, step_seed(config.seed, step));
         let lr = schedule.lr(step);
-        let (next, out) = train_step(
-            model,
-            &mut optimizer,
-            &micro_batches,
-            step,
-            lr,
-            config.optimizer.grad_clip,
-            &device,
-        )?;
+        let (next, out) =
+            train_step(model, &mut optimizer, &micro_batches, step, lr, config.optimizer.grad_clip, &device)?;
         model = next;
         state.step = step;
         state.next_data_step = step + 1;
@@ -310,13 +283,7 @@ pub fn train<B: AutodiffBackend>(
         if due(config.checkpoint_every) || last {
             let mut saved = state.clone();
             saved.elapsed_s = elapsed(&state);
-            let dir = checkpoint::save(
-                &run_dir,
-                &saved,
-                &model,
-                &optimizer,
-                config.keep_checkpoints,
-            )?;
+            let dir = checkpoint::save(&run_dir, &saved, &model, &optimizer, config.keep_checkpoints)?;
             write_atomic(&dir.join(files::CONFIG), config.to_toml().as_bytes())?;
             log(&format!("checkpoint {}", dir.display()));
         }
@@ -343,10 +310,7 @@ pub fn train<B: AutodiffBackend>(
 /// nothing to resume (the run stopped before its first checkpoint): its metrics are replaced.
 fn ensure_fresh(run_dir: &Path, log: &mut dyn FnMut(&str)) -> Result<(), TrainError> {
     if run_dir.join("checkpoints").join("latest").exists() {
-        return Err(TrainError::RunDirTaken {
-            path: run_dir.into(),
-            found: "checkpoints".into(),
-        });
+        return Err(TrainError::RunDirTaken { path: run_dir.into(), found: "checkpoints".into() });
     }
     let metrics = run_dir.join(files::METRICS);
     if metrics.exists() {
@@ -367,12 +331,7 @@ fn check_resumable(
     data_tokens: (u64, u64),
 ) -> Result<(), TrainError> {
     let saved = RunConfig::load(&dir.join(files::CONFIG), &[])?;
-    let mismatch = |message: String| {
-        Err(TrainError::Checkpoint {
-            path: dir.into(),
-            message,
-        })
-    };
+    let mismatch = |message: String| Err(TrainError::Checkpoint { path: dir.into(), message });
     if saved.model != config.model {
         return mismatch(format!(
             "the model cannot change when resuming: checkpoint has {:?}, config has {:?}",

@@ -41,10 +41,7 @@ pub fn generate<B: Backend>(
     device: &B::Device,
 ) -> Result<String, TrainError> {
     if !(options.temperature >= 0.0 && options.temperature.is_finite()) {
-        return Err(TrainError::Sample(format!(
-            "--temperature must be ≥ 0, got {}",
-            options.temperature
-        )));
+        return Err(TrainError::Sample(format!("--temperature must be ≥ 0, got {}", options.temperature)));
     }
     if options.top_k == Some(0) {
         return Err(TrainError::Sample("--top-k must be at least 1".into()));
@@ -58,14 +55,7 @@ pub fn generate<B: Backend>(
     let vocab = tokenizer.vocab_size();
     // A padded vocabulary (GPT-2's 50304 for 50257 tokens) has ids no tokenizer decodes.
     let next = |logits: &[f32]| pick(&logits[..vocab.min(logits.len())], options, &mut rng);
-    let ids = ember_model::generate(
-        model,
-        &prompt,
-        options.max_new_tokens,
-        options.use_cache,
-        device,
-        next,
-    );
+    let ids = ember_model::generate(model, &prompt, options.max_new_tokens, options.use_cache, device, next);
     let start = if options.prompt.is_empty() { 1 } else { 0 };
     Ok(tokenizer.decode(&ids[start..])?)
 }
@@ -76,18 +66,12 @@ fn pick(logits: &[f32], options: &SampleOptions, rng: &mut ChaCha8Rng) -> u32 {
     if options.temperature == 0.0 {
         return argmax(logits);
     }
-    let mut scaled: Vec<f64> = logits
-        .iter()
-        .map(|&l| l as f64 / options.temperature)
-        .collect();
+    let mut scaled: Vec<f64> = logits.iter().map(|&l| l as f64 / options.temperature).collect();
     if let Some(k) = options.top_k.filter(|&k| k < scaled.len()) {
         let mut sorted = scaled.clone();
         sorted.sort_by(|a, b| b.total_cmp(a));
         let kth = sorted[k - 1];
-        scaled
-            .iter_mut()
-            .filter(|l| **l < kth)
-            .for_each(|l| *l = f64::NEG_INFINITY);
+        scaled.iter_mut().filter(|l| **l < kth).for_each(|l| *l = f64::NEG_INFINITY);
     }
     let max = scaled.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     let weights: Vec<f64> = scaled.iter().map(|l| (l - max).exp()).collect();
@@ -122,10 +106,7 @@ mod tests {
     fn top_1_always_picks_the_argmax() {
         let mut rng = ChaCha8Rng::seed_from_u64(9);
         for _ in 0..50 {
-            assert_eq!(
-                pick(&[0.0, 0.1, 0.2, 0.15], &opts(1.0, Some(1)), &mut rng),
-                2
-            );
+            assert_eq!(pick(&[0.0, 0.1, 0.2, 0.15], &opts(1.0, Some(1)), &mut rng), 2);
         }
     }
 

@@ -31,8 +31,7 @@ impl LrSchedule {
         if step >= self.decay_steps {
             return self.min;
         }
-        let ratio =
-            (step - self.warmup_steps) as f64 / (self.decay_steps - self.warmup_steps) as f64;
+        let ratio = (step - self.warmup_steps) as f64 / (self.decay_steps - self.warmup_steps) as f64;
         let coeff = 0.5 * (1.0 + (PI * ratio).cos());
         self.min + coeff * (self.peak - self.min)
     }
@@ -42,12 +41,7 @@ impl LrSchedule {
 mod tests {
     use super::*;
 
-    const S: LrSchedule = LrSchedule {
-        peak: 1e-3,
-        min: 1e-4,
-        warmup_steps: 100,
-        decay_steps: 2000,
-    };
+    const S: LrSchedule = LrSchedule { peak: 1e-3, min: 1e-4, warmup_steps: 100, decay_steps: 2000 };
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-15
@@ -71,13 +65,7 @@ mod tests {
 
     #[test]
     fn no_warmup_starts_at_peak() {
-        let s = LrSchedule {
-            warmup_steps: 0,
-            ..S
-        };
-        assert!(close(
-            s.lr(1),
-            1e-3 - 0.5 * (1.0 - (PI / 2000.0).cos()) * 9e-4
-        ));
+        let s = LrSchedule { warmup_steps: 0, ..S };
+        assert!(close(s.lr(1), 1e-3 - 0.5 * (1.0 - (PI / 2000.0).cos()) * 9e-4));
     }
 }

@@ -86,12 +86,5 @@ pub fn train_step<B: AutodiffBackend>(
     //    learning rate; the gradients are consumed, so nothing carries into the next step.
     let grad_norm = clip_grad_norm(&model, &mut grads, grad_clip);
     let model = optimizer.step(lr, model, grads);
-    Ok((
-        model,
-        StepOutput {
-            loss,
-            grad_norm,
-            scored_tokens,
-        },
-    ))
+    Ok((model, StepOutput { loss, grad_norm, scored_tokens }))
 }

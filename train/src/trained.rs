@@ -54,11 +54,7 @@ impl Trained {
                     path: meta_path,
                     message: format!("invalid data metadata: {e}"),
                 })?;
-                Ok(Self {
-                    source,
-                    config,
-                    meta: Some(meta),
-                })
+                Ok(Self { source, config, meta: Some(meta) })
             }
             Source::Config(path) => {
                 let mut config = RunConfig::load(path, &[])?;
@@ -79,9 +75,7 @@ impl Trained {
                     _ => None,
                 };
                 let data_vocab = meta.as_ref().map_or(0, |m| m.vocab_size);
-                config
-                    .resolve_vocab(data_vocab)
-                    .map_err(|(k, m)| key_err(&k, m))?;
+                config.resolve_vocab(data_vocab).map_err(|(k, m)| key_err(&k, m))?;
                 if config.model.vocab_size() == 0 {
                     return Err(key_err(
                         "model.vocab_size",
@@ -89,11 +83,7 @@ impl Trained {
                     )
                     .into());
                 }
-                Ok(Self {
-                    source,
-                    config,
-                    meta,
-                })
+                Ok(Self { source, config, meta })
             }
         }
     }
@@ -132,19 +122,12 @@ impl Trained {
     /// The model with its weights, on `device`.
     ///
     /// Errors: no checkpoint; weights that do not fit the configured model.
-    pub fn load_model<B: Backend>(
-        &self,
-        device: &B::Device,
-    ) -> Result<LanguageModel<B>, TrainError> {
-        let model = self
-            .config
-            .model
-            .init(device)
-            .map_err(|e| ConfigError::Key {
-                path: self.config_path(),
-                key: format!("model.{}", e.field),
-                message: e.message,
-            })?;
+    pub fn load_model<B: Backend>(&self, device: &B::Device) -> Result<LanguageModel<B>, TrainError> {
+        let model = self.config.model.init(device).map_err(|e| ConfigError::Key {
+            path: self.config_path(),
+            key: format!("model.{}", e.field),
+            message: e.message,
+        })?;
         match &self.source {
             Source::Run(dir) => checkpoint::load_model(&checkpoint::latest(dir)?, model, device),
             Source::Config(_) => {

@@ -59,23 +59,11 @@ impl Check {
     fn new(name: impl Into<String>, ember: f64, expected: f64, relative: bool) -> Self {
         let abs = (ember - expected).abs();
         let (diff, tolerance, kind) = if relative {
-            (
-                abs / expected.abs().max(f64::MIN_POSITIVE),
-                REL_TOL,
-                "relative",
-            )
+            (abs / expected.abs().max(f64::MIN_POSITIVE), REL_TOL, "relative")
         } else {
             (abs, STEP_ABS_TOL, "absolute")
         };
-        Check {
-            name: name.into(),
-            ember,
-            expected,
-            diff,
-            tolerance,
-            kind,
-            ok: diff <= tolerance,
-        }
+        Check { name: name.into(), ember, expected, diff, tolerance, kind, ok: diff <= tolerance }
     }
 }
 
@@ -120,11 +108,7 @@ impl std::fmt::Display for Report {
         if failed == 0 {
             write!(f, "overall: ok ({} checks)", self.checks.len())
         } else {
-            write!(
-                f,
-                "overall: FAIL ({failed} of {} checks beyond tolerance)",
-                self.checks.len()
-            )
+            write!(f, "overall: FAIL ({failed} of {} checks beyond tolerance)", self.checks.len())
         }
     }
 }
@@ -141,38 +125,23 @@ impl Fixture {
         let json = |name: &str| -> Result<Value, TrainError> {
             let path = dir.join(name);
             let text = fs::read_to_string(&path).map_err(TrainError::io(&path))?;
-            serde_json::from_str(&text).map_err(|e| TrainError::Checkpoint {
-                path,
-                message: format!("invalid JSON: {e}"),
-            })
+            serde_json::from_str(&text)
+                .map_err(|e| TrainError::Checkpoint { path, message: format!("invalid JSON: {e}") })
         };
-        Ok(Self {
-            dir: dir.into(),
-            expected: json("expected.json")?,
-            batch: json("batch.json")?,
-        })
+        Ok(Self { dir: dir.into(), expected: json("expected.json")?, batch: json("batch.json")? })
     }
 
     /// `value` at the `/`-separated `pointer` of `file`, or an error naming both.
     fn get<'a>(&'a self, file: &str, pointer: &str) -> Result<&'a Value, TrainError> {
-        let root = if file == "batch.json" {
-            &self.batch
-        } else {
-            &self.expected
-        };
+        let root = if file == "batch.json" { &self.batch } else { &self.expected };
         root.pointer(pointer).ok_or_else(|| TrainError::Checkpoint {
             path: self.dir.join(file),
-            message: format!(
-                "missing field {}",
-                pointer.trim_start_matches('/').replace('/', ".")
-            ),
+            message: format!("missing field {}", pointer.trim_start_matches('/').replace('/', ".")),
         })
     }
 
     fn num(&self, file: &str, pointer: &str) -> Result<f64, TrainError> {
-        self.get(file, pointer)?
-            .as_f64()
-            .ok_or_else(|| self.bad(file, pointer, "a number"))
+        self.get(file, pointer)?.as_f64().ok_or_else(|| self.bad(file, pointer, "a number"))
     }
 
     fn nums(&self, file: &str, pointer: &str) -> Result<Vec<f64>, TrainError> {
@@ -182,10 +151,7 @@ impl Fixture {
             .ok_or_else(|| self.bad(file, pointer, "an array of numbers"))?;
         array
             .iter()
-            .map(|v| {
-                v.as_f64()
-                    .ok_or_else(|| self.bad(file, pointer, "an array of numbers"))
-            })
+            .map(|v| v.as_f64().ok_or_else(|| self.bad(file, pointer, "an array of numbers")))
             .collect()
     }
 
@@ -202,10 +168,7 @@ impl Fixture {
     /// The model of `expected.json`'s `config`: gpt_ref.py's GPT-2 fields, or Hugging Face
     /// `LlamaConfig` fields with `"arch": "llama"`.
     fn model(&self) -> Result<ModelConfig, TrainError> {
-        let u = |key: &str| {
-            self.num("expected.json", &format!("/config/{key}"))
-                .map(|v| v as usize)
-        };
+        let u = |key: &str| self.num("expected.json", &format!("/config/{key}")).map(|v| v as usize);
         let f = |key: &str| self.num("expected.json", &format!("/config/{key}"));
         let flag = |key: &str, default: bool| {
             self.get("expected.json", &format!("/config/{key}"))
@@ -213,11 +176,7 @@ impl Fixture {
                 .and_then(Value::as_bool)
                 .unwrap_or(default)
         };
-        let arch = self
-            .get("expected.json", "/config/arch")
-            .ok()
-            .and_then(Value::as_str)
-            .unwrap_or("gpt2");
+        let arch = self.get("expected.json", "/config/arch").ok().and_then(Value::as_str).unwrap_or("gpt2");
         Ok(match arch {
             "llama" => ModelConfig::Llama(
                 LlamaConfig::new(
@@ -234,11 +193,7 @@ impl Fixture {
                 .with_tie_embeddings(flag("tie_word_embeddings", false)),
             ),
             _ => {
-                let gelu = match self
-                    .get("expected.json", "/config/gelu")
-                    .ok()
-                    .and_then(Value::as_str)
-                {
+                let gelu = match self.get("expected.json", "/config/gelu").ok().and_then(Value::as_str) {
                     Some("erf") => GeluKind::Erf,
                     _ => GeluKind::Tanh,
                 };
@@ -278,19 +233,10 @@ impl Fixture {
         };
         let (inputs, targets) = (matrix("input_ids")?, matrix("targets")?);
         let seq_len = inputs.first().map_or(0, Vec::len);
-        let mut batch = Batch {
-            batch_size: rows.len(),
-            seq_len,
-            inputs: Vec::new(),
-            targets: Vec::new(),
-        };
+        let mut batch = Batch { batch_size: rows.len(), seq_len, inputs: Vec::new(), targets: Vec::new() };
         for &r in rows {
             let (Some(i), Some(t)) = (inputs.get(r), targets.get(r)) else {
-                return Err(self.bad(
-                    "batch.json",
-                    "/micro_batches",
-                    "sequence indices within input_ids",
-                ));
+                return Err(self.bad("batch.json", "/micro_batches", "sequence indices within input_ids"));
             };
             batch.inputs.extend(i.iter().map(|&v| v as u32));
             batch.targets.extend(t.iter().map(|&v| v as i32));
@@ -308,9 +254,7 @@ impl Fixture {
             .map(|mb| {
                 mb.as_array()
                     .and_then(|mb| {
-                        mb.iter()
-                            .map(|v| v.as_u64().map(|v| v as usize))
-                            .collect::<Option<Vec<_>>>()
+                        mb.iter().map(|v| v.as_u64().map(|v| v as usize)).collect::<Option<Vec<_>>>()
                     })
                     .ok_or_else(|| self.bad("batch.json", pointer, "a list of index lists"))
             })
@@ -350,26 +294,18 @@ pub fn verify<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Repo
     let config = fixture.model()?;
     let weights = dir.join("init.safetensors");
     let fresh = || -> Result<LanguageModel<B>, TrainError> {
-        let model = config
-            .init::<B>(device)
-            .map_err(|e| TrainError::Checkpoint {
-                path: dir.join("expected.json"),
-                message: format!("config: {e}"),
-            })?;
+        let model = config.init::<B>(device).map_err(|e| TrainError::Checkpoint {
+            path: dir.join("expected.json"),
+            message: format!("config: {e}"),
+        })?;
         Ok(ember_model::hf::load(model, &weights)?)
     };
     let (opt, lr, steps) = fixture.optimizer()?;
-    let rows: Vec<usize> = (0..fixture
-        .get("batch.json", "/input_ids")?
-        .as_array()
-        .map_or(0, Vec::len))
-        .collect();
+    let rows: Vec<usize> =
+        (0..fixture.get("batch.json", "/input_ids")?.as_array().map_or(0, Vec::len)).collect();
     let full = vec![fixture.batch(&rows)?];
-    let micro: Vec<Batch> = fixture
-        .micro_batches()?
-        .iter()
-        .map(|mb| fixture.batch(mb))
-        .collect::<Result<_, _>>()?;
+    let micro: Vec<Batch> =
+        fixture.micro_batches()?.iter().map(|mb| fixture.batch(mb)).collect::<Result<_, _>>()?;
     let mut checks = Vec::new();
 
     // Initial loss and global gradient norm on the full batch.
@@ -395,32 +331,17 @@ pub fn verify<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Repo
     // Weight-decay groups: the fixture lists them by name; Ember decays every 2-D tensor.
     let census = AdamWGroups::new(&opt, &model).census;
     for (what, ours, pointer) in [
-        (
-            "decayed tensors",
-            census.decayed_tensors,
-            "/optimizer/decay_params",
-        ),
-        (
-            "not-decayed tensors",
-            census.no_decay_tensors,
-            "/optimizer/no_decay_params",
-        ),
+        ("decayed tensors", census.decayed_tensors, "/optimizer/decay_params"),
+        ("not-decayed tensors", census.no_decay_tensors, "/optimizer/no_decay_params"),
     ] {
-        let expected = fixture
-            .get("expected.json", pointer)?
-            .as_array()
-            .map_or(0, Vec::len);
+        let expected = fixture.get("expected.json", pointer)?.as_array().map_or(0, Vec::len);
         checks.push(Check::exact(what, ours, expected));
     }
 
     // The two training scenarios: AdamW at a constant learning rate, global-norm clipping.
     let scenarios: [(&str, &[Batch], &str); 2] = [
         ("full batch", &full, "/train_full_batch/loss_after_step"),
-        (
-            "accumulated",
-            &micro,
-            "/grad_accum/token_weighted/loss_after_step",
-        ),
+        ("accumulated", &micro, "/grad_accum/token_weighted/loss_after_step"),
     ];
     for (name, batches, pointer) in scenarios {
         let expected = fixture.nums("expected.json", pointer)?;
@@ -428,15 +349,7 @@ pub fn verify<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Repo
         let mut optimizer = AdamWGroups::new(&opt, &model);
         let mut losses = Vec::new();
         for step in 1..=steps as u64 {
-            let (next, out) = train_step(
-                model,
-                &mut optimizer,
-                batches,
-                step,
-                lr,
-                opt.grad_clip,
-                device,
-            )?;
+            let (next, out) = train_step(model, &mut optimizer, batches, step, lr, opt.grad_clip, device)?;
             model = next;
             if step == 1 && name == "accumulated" {
                 let tw = "/grad_accum/token_weighted";
@@ -459,12 +372,7 @@ pub fn verify<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Repo
         let (_, last, _) = forward_backward(&model, batches, steps as u64 + 1, device)?;
         losses.push(scalar(last));
         for (k, (ours, theirs)) in losses.iter().zip(&expected).enumerate() {
-            checks.push(Check::new(
-                format!("{name}: loss after step {}", k + 1),
-                *ours,
-                *theirs,
-                false,
-            ));
+            checks.push(Check::new(format!("{name}: loss after step {}", k + 1), *ours, *theirs, false));
         }
         if expected.len() != losses.len() {
             return Err(fixture.bad(
@@ -475,12 +383,7 @@ pub fn verify<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Repo
         }
     }
     let ok = checks.iter().all(|c| c.ok);
-    Ok(Report {
-        fixture: dir.into(),
-        model: describe(&config),
-        checks,
-        ok,
-    })
+    Ok(Report { fixture: dir.into(), model: describe(&config), checks, ok })
 }
 
 fn describe(config: &ModelConfig) -> String {
@@ -491,14 +394,7 @@ fn describe(config: &ModelConfig) -> String {
         ),
         ModelConfig::Llama(c) => format!(
             "llama: {} layers, {}/{} heads, d_model {}, d_ff {}, vocab {}, context {}, tied {}",
-            c.n_layer,
-            c.n_head,
-            c.n_kv_head,
-            c.d_model,
-            c.d_ff,
-            c.vocab_size,
-            c.block_size,
-            c.tie_embeddings
+            c.n_layer, c.n_head, c.n_kv_head, c.d_model, c.d_ff, c.vocab_size, c.block_size, c.tie_embeddings
         ),
     }
 }

@@ -57,17 +57,13 @@ pub fn flat_grads<M: AutodiffModule<B>>(module: &M, grads: &GradientsParams) -> 
 /// Largest absolute difference between two gradient lists.
 pub fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
-        .fold(0.0, f32::max)
+    a.iter().zip(b).flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs())).fold(0.0, f32::max)
 }
 
 /// A small char-level corpus prepared into `dir/data`; returns the prepared directory.
 pub fn prepared_corpus(dir: &Path) -> PathBuf {
-    let text: String = (0..200)
-        .map(|i| format!("Line {i}: the quick brown fox jumps over the lazy dog.\n"))
-        .collect();
+    let text: String =
+        (0..200).map(|i| format!("Line {i}: the quick brown fox jumps over the lazy dog.\n")).collect();
     let input = dir.join("corpus.txt");
     std::fs::write(&input, text).unwrap();
     let out = dir.join("data");

@@ -11,12 +11,7 @@ use ember_train::metrics::{read_records, Record};
 use ember_train::{train, RunConfig, RunOptions, RunSummary};
 
 fn run(config: RunConfig, run_dir: &Path, resume: bool, stop: Arc<AtomicBool>) -> RunSummary {
-    let options = RunOptions {
-        config,
-        run_dir: run_dir.into(),
-        resume,
-        stop,
-    };
+    let options = RunOptions { config, run_dir: run_dir.into(), resume, stop };
     train::<B>(options, Default::default(), &mut |_| {}).unwrap()
 }
 
@@ -89,11 +84,7 @@ fn resuming_an_older_checkpoint_rewrites_the_metrics_after_it() {
     std::fs::write(run_dir.join("checkpoints/latest"), "step-00000003").unwrap();
     let config = RunConfig::load(&run_dir.join("config.toml"), &[]).unwrap();
     run(config, &run_dir, true, Arc::default());
-    assert_eq!(
-        trajectory(&run_dir),
-        before,
-        "steps 4–6 redone once, identically"
-    );
+    assert_eq!(trajectory(&run_dir), before, "steps 4–6 redone once, identically");
 }
 
 #[test]
@@ -102,12 +93,7 @@ fn a_stop_request_checkpoints_and_the_run_resumes_from_there() {
     let dir = tempfile::tempdir().unwrap();
     let data = prepared_corpus(dir.path());
     let run_dir = dir.path().join("run");
-    let summary = run(
-        tiny_config(&data, &[]),
-        &run_dir,
-        false,
-        Arc::new(AtomicBool::new(true)),
-    );
+    let summary = run(tiny_config(&data, &[]), &run_dir, false, Arc::new(AtomicBool::new(true)));
     assert!(summary.stopped_early);
     assert_eq!(summary.steps, 1);
     let latest = std::fs::read_to_string(run_dir.join("checkpoints/latest")).unwrap();
@@ -129,13 +115,8 @@ fn a_new_run_refuses_a_directory_that_holds_one() {
         resume: false,
         stop: Arc::default(),
     };
-    let err = train::<B>(options, Default::default(), &mut |_| {})
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("already holds a run") && err.contains("--resume"),
-        "{err}"
-    );
+    let err = train::<B>(options, Default::default(), &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains("already holds a run") && err.contains("--resume"), "{err}");
 }
 
 #[test]
@@ -145,17 +126,9 @@ fn resuming_with_another_model_is_an_error() {
     let data = prepared_corpus(dir.path());
     let run_dir = dir.path().join("run");
     fresh(tiny_config(&data, &["max_steps=1"]), &run_dir);
-    let config =
-        RunConfig::load(&run_dir.join("config.toml"), &["model.n_layer=3".into()]).unwrap();
-    let options = RunOptions {
-        config,
-        run_dir,
-        resume: true,
-        stop: Arc::default(),
-    };
-    let err = train::<B>(options, Default::default(), &mut |_| {})
-        .unwrap_err()
-        .to_string();
+    let config = RunConfig::load(&run_dir.join("config.toml"), &["model.n_layer=3".into()]).unwrap();
+    let options = RunOptions { config, run_dir, resume: true, stop: Arc::default() };
+    let err = train::<B>(options, Default::default(), &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("model cannot change"), "{err}");
 }
 
@@ -166,16 +139,18 @@ fn a_run_that_stopped_before_its_first_checkpoint_can_be_started_again() {
     let data = prepared_corpus(dir.path());
     let run_dir = dir.path().join("run");
     std::fs::create_dir_all(&run_dir).unwrap();
-    std::fs::write(run_dir.join("metrics.jsonl"), "{\"kind\":\"eval\",\"step\":0,\"val_loss\":9.0,\"val_perplexity\":1.0,\"elapsed_s\":0.0}\n").unwrap();
+    std::fs::write(
+        run_dir.join("metrics.jsonl"),
+        "{\"kind\":\"eval\",\"step\":0,\"val_loss\":9.0,\"val_perplexity\":1.0,\"elapsed_s\":0.0}\n",
+    )
+    .unwrap();
     let options = RunOptions {
         config: tiny_config(&data, &["max_steps=1"]),
         run_dir: run_dir.clone(),
         resume: true,
         stop: Arc::default(),
     };
-    let err = train::<B>(options, Default::default(), &mut |_| {})
-        .unwrap_err()
-        .to_string();
+    let err = train::<B>(options, Default::default(), &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("stopped before its first checkpoint"), "{err}");
     fresh(tiny_config(&data, &["max_steps=1"]), &run_dir);
     let (_, evals) = trajectory(&run_dir);
@@ -190,17 +165,7 @@ fn resuming_without_more_steps_is_an_error() {
     let run_dir = dir.path().join("run");
     fresh(tiny_config(&data, &["max_steps=2"]), &run_dir);
     let config = RunConfig::load(&run_dir.join("config.toml"), &[]).unwrap();
-    let options = RunOptions {
-        config,
-        run_dir,
-        resume: true,
-        stop: Arc::default(),
-    };
-    let err = train::<B>(options, Default::default(), &mut |_| {})
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("key `max_steps`: 2 is not beyond the checkpoint's step 2"),
-        "{err}"
-    );
+    let options = RunOptions { config, run_dir, resume: true, stop: Arc::default() };
+    let err = train::<B>(options, Default::default(), &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains("key `max_steps`: 2 is not beyond the checkpoint's step 2"), "{err}");
 }

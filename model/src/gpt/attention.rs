@@ -29,13 +29,7 @@ impl<B: Backend> CausalSelfAttention<B> {
         let c = config.d_model;
         Self {
             c_attn: init::linear(c, 3 * c, config.bias, init::INIT_STD, device),
-            c_proj: init::linear(
-                c,
-                c,
-                config.bias,
-                init::residual_std(config.n_layer),
-                device,
-            ),
+            c_proj: init::linear(c, c, config.bias, init::residual_std(config.n_layer), device),
             attn_dropout: DropoutConfig::new(config.dropout).init(),
             resid_dropout: DropoutConfig::new(config.dropout).init(),
             n_head: config.n_head,
@@ -47,15 +41,11 @@ impl<B: Backend> CausalSelfAttention<B> {
     pub fn forward(&self, x: Tensor<B, 3>, cache: Option<LayerCache<'_, B>>) -> Tensor<B, 3> {
         let [batch, seq_len, d_model] = x.dims();
         let heads = |t: Tensor<B, 3>| {
-            t.reshape([batch, seq_len, self.n_head, d_model / self.n_head])
-                .swap_dims(1, 2) // [B, H, T, Dh]
+            t.reshape([batch, seq_len, self.n_head, d_model / self.n_head]).swap_dims(1, 2)
+            // [B, H, T, Dh]
         };
         let mut qkv = self.c_attn.forward(x).chunk(3, 2).into_iter().map(heads); // q | k | v
-        let (q, k, v) = (
-            qkv.next().unwrap(),
-            qkv.next().unwrap(),
-            qkv.next().unwrap(),
-        );
+        let (q, k, v) = (qkv.next().unwrap(), qkv.next().unwrap(), qkv.next().unwrap());
         let (k, v) = with_cache(cache, k, v);
         let y = causal_attention(q, k, v, Some(&self.attn_dropout)); // [B, H, T, Dh]
         let y = y.swap_dims(1, 2).reshape([batch, seq_len, d_model]);

@@ -54,15 +54,8 @@ pub struct GptConfig {
 }
 
 /// Names accepted by [`GptConfig::preset`].
-pub const PRESETS: &[&str] = &[
-    "gpt2",
-    "gpt2-medium",
-    "gpt2-large",
-    "gpt2-xl",
-    "shakespeare-char",
-    "shakespeare-char-gpu",
-    "tiny",
-];
+pub const PRESETS: &[&str] =
+    &["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "shakespeare-char", "shakespeare-char-gpu", "tiny"];
 
 impl GptConfig {
     /// A named preset. GPT-2 sizes follow Radford et al. 2019, Table 2 (as corrected by the
@@ -81,13 +74,10 @@ impl GptConfig {
             "gpt2-medium" => gpt2(24, 16, 1024),
             "gpt2-large" => gpt2(36, 20, 1280),
             "gpt2-xl" => gpt2(48, 25, 1600),
-            "shakespeare-char" => GptConfig::new(65, 4, 4, 128, 64)
-                .with_bias(false)
-                .with_gelu(GeluKind::Erf),
-            "shakespeare-char-gpu" => GptConfig::new(65, 6, 6, 384, 256)
-                .with_bias(false)
-                .with_gelu(GeluKind::Erf)
-                .with_dropout(0.2),
+            "shakespeare-char" => GptConfig::new(65, 4, 4, 128, 64).with_bias(false).with_gelu(GeluKind::Erf),
+            "shakespeare-char-gpu" => {
+                GptConfig::new(65, 6, 6, 384, 256).with_bias(false).with_gelu(GeluKind::Erf).with_dropout(0.2)
+            }
             "tiny" => GptConfig::new(64, 2, 2, 32, 16),
             _ => return None,
         })
@@ -99,17 +89,13 @@ impl GptConfig {
     /// `layer_norm_eps` not positive.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let err = |field, message: String| Err(ConfigError { field, message });
-        for (field, value) in [
+        crate::error::require_positive(&[
             ("vocab_size", self.vocab_size),
             ("n_layer", self.n_layer),
             ("n_head", self.n_head),
             ("d_model", self.d_model),
             ("block_size", self.block_size),
-        ] {
-            if value == 0 {
-                return err(field, "must be at least 1, got 0".into());
-            }
-        }
+        ])?;
         if !self.d_model.is_multiple_of(self.n_head) {
             return err(
                 "d_model",
@@ -122,16 +108,10 @@ impl GptConfig {
             );
         }
         if !(0.0..1.0).contains(&self.dropout) {
-            return err(
-                "dropout",
-                format!("must be in [0, 1), got {}", self.dropout),
-            );
+            return err("dropout", format!("must be in [0, 1), got {}", self.dropout));
         }
         if self.layer_norm_eps <= 0.0 || !self.layer_norm_eps.is_finite() {
-            return err(
-                "layer_norm_eps",
-                format!("must be a positive number, got {}", self.layer_norm_eps),
-            );
+            return err("layer_norm_eps", format!("must be a positive number, got {}", self.layer_norm_eps));
         }
         Ok(())
     }
@@ -151,11 +131,7 @@ impl GptConfig {
         let attn = c * 3 * c + b * 3 * c + c * c + b * c;
         let mlp = c * 4 * c + b * 4 * c + 4 * c * c + b * c;
         let block = 2 * ln + attn + mlp;
-        let head = if self.tie_embeddings {
-            0
-        } else {
-            c * self.vocab_size
-        };
+        let head = if self.tie_embeddings { 0 } else { c * self.vocab_size };
         self.vocab_size * c + self.block_size * c + self.n_layer * block + ln + head
     }
 }
@@ -187,22 +163,13 @@ mod tests {
     fn d_model_not_divisible_by_n_head_is_an_error_naming_both() {
         let err = GptConfig::new(65, 2, 3, 128, 64).validate().unwrap_err();
         assert_eq!(err.field, "d_model");
-        assert!(
-            err.to_string().contains("divisible by n_head (3), got 128"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("divisible by n_head (3), got 128"), "{err}");
     }
 
     #[test]
     fn zero_sizes_and_bad_dropout_are_errors() {
-        assert_eq!(
-            GptConfig::new(0, 2, 2, 8, 4).validate().unwrap_err().field,
-            "vocab_size"
-        );
-        let err = GptConfig::new(8, 2, 2, 8, 4)
-            .with_dropout(1.0)
-            .validate()
-            .unwrap_err();
+        assert_eq!(GptConfig::new(0, 2, 2, 8, 4).validate().unwrap_err().field, "vocab_size");
+        let err = GptConfig::new(8, 2, 2, 8, 4).with_dropout(1.0).validate().unwrap_err();
         assert_eq!(err.field, "dropout");
     }
 

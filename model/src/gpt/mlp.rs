@@ -27,13 +27,7 @@ impl<B: Backend> Mlp<B> {
         let c = config.d_model;
         Self {
             c_fc: init::linear(c, 4 * c, config.bias, init::INIT_STD, device),
-            c_proj: init::linear(
-                4 * c,
-                c,
-                config.bias,
-                init::residual_std(config.n_layer),
-                device,
-            ),
+            c_proj: init::linear(4 * c, c, config.bias, init::residual_std(config.n_layer), device),
             dropout: DropoutConfig::new(config.dropout).init(),
             exact_gelu: config.gelu == GeluKind::Erf,
         }
@@ -42,11 +36,7 @@ impl<B: Backend> Mlp<B> {
     /// `x`: `[batch, seq_len, d_model]` → `[batch, seq_len, d_model]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let h = self.c_fc.forward(x);
-        let h = if self.exact_gelu {
-            gelu(h)
-        } else {
-            gelu_tanh(h)
-        };
+        let h = if self.exact_gelu { gelu(h) } else { gelu_tanh(h) };
         self.dropout.forward(self.c_proj.forward(h))
     }
 }

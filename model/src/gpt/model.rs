@@ -3,12 +3,11 @@
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Embedding, LayerNorm, Linear};
 use burn::tensor::backend::Backend;
-use burn::tensor::module::linear;
 use burn::tensor::{Int, Tensor};
 
 use super::block::{layer_norm, Block};
 use super::config::GptConfig;
-use crate::attention::{KvCache, LayerCache};
+use crate::attention::{first_position, KvCache, LayerCache};
 use crate::error::ConfigError;
 use crate::init;
 
@@ -41,18 +40,11 @@ impl GptConfig {
         self.validate()?;
         let (v, c) = (self.vocab_size, self.d_model);
         let model = Gpt {
-            wte: Embedding {
-                weight: init::normal([v, c], init::INIT_STD, device),
-            },
-            wpe: Embedding {
-                weight: init::normal([self.block_size, c], init::INIT_STD, device),
-            },
-            h: (0..self.n_layer)
-                .map(|_| Block::new(self, device))
-                .collect(),
+            wte: Embedding { weight: init::normal([v, c], init::INIT_STD, device) },
+            wpe: Embedding { weight: init::normal([self.block_size, c], init::INIT_STD, device) },
+            h: (0..self.n_layer).map(|_| Block::new(self, device)).collect(),
             ln_f: layer_norm(self, device),
-            lm_head: (!self.tie_embeddings)
-                .then(|| init::linear(c, v, false, init::INIT_STD, device)),
+            lm_head: (!self.tie_embeddings).then(|| init::linear(c, v, false, init::INIT_STD, device)),
             drop: DropoutConfig::new(self.dropout).init(),
             block_size: self.block_size,
         };
@@ -80,15 +72,8 @@ impl<B: Backend> Gpt<B> {
     ///
     /// # Panics
     /// If `cache.len() + new > block_size`.
-    pub fn forward_cached(
-        &self,
-        tokens: Tensor<B, 2, Int>,
-        cache: &mut KvCache<B>,
-    ) -> Tensor<B, 3> {
-        let new = tokens.dims()[1];
-        let logits = self.lm_head(self.hidden(tokens, Some(cache)));
-        cache.advance(new);
-        logits
+    pub fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
+        self.lm_head(self.hidden(tokens, Some(cache)))
     }
 
     /// An empty cache for [`Gpt::forward_cached`].
@@ -98,30 +83,20 @@ impl<B: Backend> Gpt<B> {
 
     /// Final hidden states after `ln_f`: `[batch, seq_len]` → `[batch, seq_len, d_model]`,
     /// positions starting after the cached ones.
-    fn hidden(
-        &self,
-        tokens: Tensor<B, 2, Int>,
-        mut cache: Option<&mut KvCache<B>>,
-    ) -> Tensor<B, 3> {
+    fn hidden(&self, tokens: Tensor<B, 2, Int>, mut cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
         let [_, seq_len] = tokens.dims();
-        let start = cache.as_ref().map_or(0, |c| c.len());
-        assert!(
-            start + seq_len <= self.block_size,
-            "{} positions exceed the context length (block_size {})",
-            start + seq_len,
-            self.block_size
-        );
+        let start = first_position(&cache, seq_len, self.block_size);
         let device = tokens.device();
         let positions =
-            Tensor::<B, 1, Int>::arange(start as i64..(start + seq_len) as i64, &device)
-                .unsqueeze::<2>();
+            Tensor::<B, 1, Int>::arange(start as i64..(start + seq_len) as i64, &device).unsqueeze::<2>();
         let x = self.wte.forward(tokens) + self.wpe.forward(positions); // [B, T, C] + [1, T, C]
         let mut x = self.drop.forward(x);
         for (layer, block) in self.h.iter().enumerate() {
-            let layer_cache = cache
-                .as_deref_mut()
-                .map(|cache| LayerCache { cache, layer });
+            let layer_cache = cache.as_deref_mut().map(|cache| LayerCache { cache, layer });
             x = block.forward(x, layer_cache);
+        }
+        if let Some(cache) = cache {
+            cache.advance(seq_len);
         }
         self.ln_f.forward(x)
     }
@@ -129,10 +104,7 @@ impl<B: Backend> Gpt<B> {
     /// Projects hidden states `[batch, seq_len, d_model]` to logits `[batch, seq_len, vocab]`,
     /// through `wteᵀ` when tied.
     pub fn lm_head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
-        match &self.lm_head {
-            Some(head) => head.forward(hidden),
-            None => linear(hidden, self.wte.weight.val().transpose(), None),
-        }
+        init::lm_logits(hidden, self.lm_head.as_ref(), &self.wte.weight)
     }
 
     /// Context length (the most positions [`Gpt::forward`] accepts).

@@ -53,8 +53,7 @@ impl<B: Backend> LlamaAttention<B> {
     ) -> Tensor<B, 3> {
         let [batch, seq_len, d_model] = x.dims();
         let d_head = d_model / self.n_head;
-        let heads =
-            |t: Tensor<B, 3>, n: usize| t.reshape([batch, seq_len, n, d_head]).swap_dims(1, 2);
+        let heads = |t: Tensor<B, 3>, n: usize| t.reshape([batch, seq_len, n, d_head]).swap_dims(1, 2);
         let q = heads(self.q_proj.forward(x.clone()), self.n_head); // [B, H, T, Dh]
         let k = heads(self.k_proj.forward(x.clone()), self.n_kv_head); // [B, KV, T, Dh]
         let v = heads(self.v_proj.forward(x), self.n_kv_head);
@@ -63,8 +62,7 @@ impl<B: Backend> LlamaAttention<B> {
         let (k, v) = with_cache(cache, k, v); // [B, KV, T_all, Dh]
         let (k, v) = (self.repeat_kv(k), self.repeat_kv(v)); // [B, H, T_all, Dh]
         let y = causal_attention(q, k, v, None);
-        self.o_proj
-            .forward(y.swap_dims(1, 2).reshape([batch, seq_len, d_model]))
+        self.o_proj.forward(y.swap_dims(1, 2).reshape([batch, seq_len, d_model]))
     }
 
     /// `[batch, n_kv_head, len, d_head]` → `[batch, n_head, len, d_head]`, each key/value head
@@ -75,8 +73,11 @@ impl<B: Backend> LlamaAttention<B> {
             return x;
         }
         let [batch, kv, len, d_head] = x.dims();
-        x.unsqueeze_dim::<5>(2)
-            .expand([batch, kv, n_rep, len, d_head])
-            .reshape([batch, kv * n_rep, len, d_head])
+        x.unsqueeze_dim::<5>(2).expand([batch, kv, n_rep, len, d_head]).reshape([
+            batch,
+            kv * n_rep,
+            len,
+            d_head,
+        ])
     }
 }

@@ -42,10 +42,7 @@ impl<B: Backend> LlamaLayer<B> {
         sin: Tensor<B, 4>,
         cache: Option<LayerCache<'_, B>>,
     ) -> Tensor<B, 3> {
-        let h = x.clone()
-            + self
-                .self_attn
-                .forward(self.input_layernorm.forward(x), cos, sin, cache);
+        let h = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, cache);
         h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
     }
 }
@@ -53,7 +50,5 @@ impl<B: Backend> LlamaLayer<B> {
 /// RMSNorm over `d_model`: `x / √(mean(x²) + ε) · g` (Zhang & Sennrich 2019, eq. 4), computed
 /// in f32 by Burn.
 pub fn rms_norm<B: Backend>(config: &LlamaConfig, device: &B::Device) -> RmsNorm<B> {
-    RmsNormConfig::new(config.d_model)
-        .with_epsilon(config.rms_norm_eps)
-        .init(device)
+    RmsNormConfig::new(config.d_model).with_epsilon(config.rms_norm_eps).init(device)
 }

@@ -50,9 +50,7 @@ impl LlamaConfig {
     /// Returns `None` for an unknown name (see [`LLAMA_PRESETS`]).
     pub fn preset(name: &str) -> Option<LlamaConfig> {
         Some(match name {
-            "llama-15m" => {
-                LlamaConfig::new(32000, 6, 6, 6, 288, 768, 256).with_tie_embeddings(true)
-            }
+            "llama-15m" => LlamaConfig::new(32000, 6, 6, 6, 288, 768, 256).with_tie_embeddings(true),
             "llama-125m" => LlamaConfig::new(32000, 12, 12, 4, 768, 2048, 1024),
             "llama-tiny" => LlamaConfig::new(64, 2, 4, 2, 32, 88, 16),
             _ => return None,
@@ -65,7 +63,7 @@ impl LlamaConfig {
     /// `n_kv_head`; an odd head width (RoPE rotates pairs); non-positive θ or ε.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let err = |field, message: String| Err(ConfigError { field, message });
-        for (field, value) in [
+        crate::error::require_positive(&[
             ("vocab_size", self.vocab_size),
             ("n_layer", self.n_layer),
             ("n_head", self.n_head),
@@ -73,42 +71,23 @@ impl LlamaConfig {
             ("d_model", self.d_model),
             ("d_ff", self.d_ff),
             ("block_size", self.block_size),
-        ] {
-            if value == 0 {
-                return err(field, "must be at least 1, got 0".into());
-            }
-        }
+        ])?;
         if !self.d_model.is_multiple_of(self.n_head) {
             return err(
                 "d_model",
-                format!(
-                    "must be divisible by n_head ({}), got {}",
-                    self.n_head, self.d_model
-                ),
+                format!("must be divisible by n_head ({}), got {}", self.n_head, self.d_model),
             );
         }
         if !self.n_head.is_multiple_of(self.n_kv_head) {
-            return err(
-                "n_kv_head",
-                format!(
-                    "must divide n_head ({}), got {}",
-                    self.n_head, self.n_kv_head
-                ),
-            );
+            return err("n_kv_head", format!("must divide n_head ({}), got {}", self.n_head, self.n_kv_head));
         }
         if !self.head_dim().is_multiple_of(2) {
             return err(
                 "d_model",
-                format!(
-                    "d_model / n_head must be even for RoPE, got {}",
-                    self.head_dim()
-                ),
+                format!("d_model / n_head must be even for RoPE, got {}", self.head_dim()),
             );
         }
-        for (field, value) in [
-            ("rope_theta", self.rope_theta),
-            ("rms_norm_eps", self.rms_norm_eps),
-        ] {
+        for (field, value) in [("rope_theta", self.rope_theta), ("rms_norm_eps", self.rms_norm_eps)] {
             if !(value > 0.0 && value.is_finite()) {
                 return err(field, format!("must be a positive number, got {value}"));
             }
@@ -127,11 +106,7 @@ impl LlamaConfig {
         let (c, f) = (self.d_model, self.d_ff);
         let kv = self.n_kv_head * self.head_dim();
         let layer = c * c + 2 * c * kv + c * c + 3 * c * f + 2 * c;
-        let head = if self.tie_embeddings {
-            0
-        } else {
-            c * self.vocab_size
-        };
+        let head = if self.tie_embeddings { 0 } else { c * self.vocab_size };
         self.vocab_size * c + self.n_layer * layer + c + head
     }
 }
@@ -142,14 +117,8 @@ mod tests {
 
     #[test]
     fn presets_have_the_stated_sizes() {
-        assert_eq!(
-            LlamaConfig::preset("llama-15m").unwrap().num_params(),
-            15_191_712
-        );
-        assert_eq!(
-            LlamaConfig::preset("llama-125m").unwrap().num_params(),
-            124_668_672
-        );
+        assert_eq!(LlamaConfig::preset("llama-15m").unwrap().num_params(), 15_191_712);
+        assert_eq!(LlamaConfig::preset("llama-125m").unwrap().num_params(), 124_668_672);
         for name in LLAMA_PRESETS {
             LlamaConfig::preset(name).unwrap().validate().unwrap();
         }
@@ -157,13 +126,8 @@ mod tests {
 
     #[test]
     fn gqa_heads_must_divide() {
-        let err = LlamaConfig::new(8, 1, 6, 4, 48, 64, 8)
-            .validate()
-            .unwrap_err();
+        let err = LlamaConfig::new(8, 1, 6, 4, 48, 64, 8).validate().unwrap_err();
         assert_eq!(err.field, "n_kv_head");
-        assert!(
-            err.to_string().contains("must divide n_head (6), got 4"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("must divide n_head (6), got 4"), "{err}");
     }
 }

@@ -26,11 +26,7 @@ impl<B: Backend> LlamaMlp<B> {
     pub fn new(config: &LlamaConfig, device: &B::Device) -> Self {
         let (c, f) = (config.d_model, config.d_ff);
         let linear = |i, o| init::linear(i, o, false, init::INIT_STD, device);
-        Self {
-            gate_proj: linear(c, f),
-            up_proj: linear(c, f),
-            down_proj: linear(f, c),
-        }
+        Self { gate_proj: linear(c, f), up_proj: linear(c, f), down_proj: linear(f, c) }
     }
 
     /// `x`: `[batch, seq_len, d_model]` → `[batch, seq_len, d_model]`.

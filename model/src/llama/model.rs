@@ -3,13 +3,12 @@
 use burn::module::Module;
 use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::backend::Backend;
-use burn::tensor::module::linear;
 use burn::tensor::{Int, Tensor};
 
 use super::block::{rms_norm, LlamaLayer};
 use super::config::LlamaConfig;
 use super::rope::rope_tables;
-use crate::attention::{KvCache, LayerCache};
+use crate::attention::{first_position, KvCache, LayerCache};
 use crate::error::ConfigError;
 use crate::init;
 
@@ -48,16 +47,11 @@ impl LlamaConfig {
         let (v, c) = (self.vocab_size, self.d_model);
         let model = Llama {
             model: LlamaBody {
-                embed_tokens: Embedding {
-                    weight: init::normal([v, c], init::INIT_STD, device),
-                },
-                layers: (0..self.n_layer)
-                    .map(|_| LlamaLayer::new(self, device))
-                    .collect(),
+                embed_tokens: Embedding { weight: init::normal([v, c], init::INIT_STD, device) },
+                layers: (0..self.n_layer).map(|_| LlamaLayer::new(self, device)).collect(),
                 norm: rms_norm(self, device),
             },
-            lm_head: (!self.tie_embeddings)
-                .then(|| init::linear(c, v, false, init::INIT_STD, device)),
+            lm_head: (!self.tie_embeddings).then(|| init::linear(c, v, false, init::INIT_STD, device)),
             block_size: self.block_size,
             rope_theta: self.rope_theta,
             n_head: self.n_head,
@@ -81,15 +75,8 @@ impl<B: Backend> Llama<B> {
     ///
     /// # Panics
     /// If `cache.len() + new > block_size`.
-    pub fn forward_cached(
-        &self,
-        tokens: Tensor<B, 2, Int>,
-        cache: &mut KvCache<B>,
-    ) -> Tensor<B, 3> {
-        let new = tokens.dims()[1];
-        let logits = self.lm_head(self.hidden(tokens, Some(cache)));
-        cache.advance(new);
-        logits
+    pub fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
+        self.lm_head(self.hidden(tokens, Some(cache)))
     }
 
     /// An empty cache for [`Llama::forward_cached`].
@@ -97,42 +84,26 @@ impl<B: Backend> Llama<B> {
         KvCache::new(self.model.layers.len())
     }
 
-    fn hidden(
-        &self,
-        tokens: Tensor<B, 2, Int>,
-        mut cache: Option<&mut KvCache<B>>,
-    ) -> Tensor<B, 3> {
+    fn hidden(&self, tokens: Tensor<B, 2, Int>, mut cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
         let [_, seq_len] = tokens.dims();
-        let start = cache.as_ref().map_or(0, |c| c.len());
-        assert!(
-            start + seq_len <= self.block_size,
-            "{} positions exceed the context length (block_size {})",
-            start + seq_len,
-            self.block_size
-        );
+        let start = first_position(&cache, seq_len, self.block_size);
         let device = tokens.device();
         let mut x = self.model.embed_tokens.forward(tokens);
         let d_head = x.dims()[2] / self.n_head;
         let (cos, sin) = rope_tables::<B>(start, seq_len, d_head, self.rope_theta, &device);
         for (layer, block) in self.model.layers.iter().enumerate() {
-            let layer_cache = cache
-                .as_deref_mut()
-                .map(|cache| LayerCache { cache, layer });
+            let layer_cache = cache.as_deref_mut().map(|cache| LayerCache { cache, layer });
             x = block.forward(x, cos.clone(), sin.clone(), layer_cache);
+        }
+        if let Some(cache) = cache {
+            cache.advance(seq_len);
         }
         self.model.norm.forward(x)
     }
 
     /// Hidden states `[batch, seq_len, d_model]` → logits `[batch, seq_len, vocab]`.
     pub fn lm_head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
-        match &self.lm_head {
-            Some(head) => head.forward(hidden),
-            None => linear(
-                hidden,
-                self.model.embed_tokens.weight.val().transpose(),
-                None,
-            ),
-        }
+        init::lm_logits(hidden, self.lm_head.as_ref(), &self.model.embed_tokens.weight)
     }
 
     /// Context length.

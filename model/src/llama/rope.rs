@@ -15,9 +15,8 @@ pub fn rope_tables<B: Backend>(
     device: &B::Device,
 ) -> (Tensor<B, 4>, Tensor<B, 4>) {
     let half = d_head / 2;
-    let inv_freq: Vec<f32> = (0..half)
-        .map(|j| 1.0 / (theta as f32).powf((2 * j) as f32 / d_head as f32))
-        .collect();
+    let inv_freq: Vec<f32> =
+        (0..half).map(|j| 1.0 / (theta as f32).powf((2 * j) as f32 / d_head as f32)).collect();
     let mut cos = Vec::with_capacity(len * d_head);
     let mut sin = Vec::with_capacity(len * d_head);
     for p in start..start + len {
@@ -29,8 +28,7 @@ pub fn rope_tables<B: Backend>(
             }
         }
     }
-    let table =
-        |v: Vec<f32>| Tensor::<B, 4>::from_data(TensorData::new(v, [1, 1, len, d_head]), device);
+    let table = |v: Vec<f32>| Tensor::<B, 4>::from_data(TensorData::new(v, [1, 1, len, d_head]), device);
     (table(cos), table(sin))
 }
 
@@ -38,11 +36,7 @@ pub fn rope_tables<B: Backend>(
 /// `rotate_half([x₁, x₂]) = [−x₂, x₁]` over the two halves of the head. This is Hugging
 /// Face's layout; Burn's `RotaryEncoding` rotates interleaved pairs `(x₀, x₁), (x₂, x₃)…`,
 /// which gives different results on the same weights.
-pub fn apply_rope<B: Backend>(
-    x: Tensor<B, 4>,
-    cos: Tensor<B, 4>,
-    sin: Tensor<B, 4>,
-) -> Tensor<B, 4> {
+pub fn apply_rope<B: Backend>(x: Tensor<B, 4>, cos: Tensor<B, 4>, sin: Tensor<B, 4>) -> Tensor<B, 4> {
     let [batch, heads, len, d_head] = x.dims();
     let half = d_head / 2;
     let x1 = x.clone().slice([0..batch, 0..heads, 0..len, 0..half]);
@@ -65,12 +59,7 @@ mod tests {
         let y: Vec<f32> = apply_rope(x, cos, sin).into_data().to_vec().unwrap();
         let (c1, s1, c2, s2) = (1f32.cos(), 1f32.sin(), 0.01f32.cos(), 0.01f32.sin());
         // [x0·c − x2·s, x1·c' − x3·s', x2·c + x0·s, x3·c' + x1·s']
-        let want = [
-            1.0 * c1 - 3.0 * s1,
-            2.0 * c2 - 4.0 * s2,
-            3.0 * c1 + 1.0 * s1,
-            4.0 * c2 + 2.0 * s2,
-        ];
+        let want = [1.0 * c1 - 3.0 * s1, 2.0 * c2 - 4.0 * s2, 3.0 * c1 + 1.0 * s1, 4.0 * c2 + 2.0 * s2];
         for (a, b) in y.iter().zip(want) {
             assert!((a - b).abs() < 1e-6, "{y:?} vs {want:?}");
         }
