@@ -29,7 +29,7 @@ pub struct SampleOptions {
 }
 
 /// Generates `max_new_tokens` tokens after the prompt and returns prompt + continuation as
-/// text (see [`ember_model::generate`] for the context handling). Only ids the tokenizer
+/// text (see [`ember_model::generate()`] for the context handling). Only ids the tokenizer
 /// knows are sampled, so a model with a padded vocabulary never emits an undecodable id.
 ///
 /// Errors: a prompt the tokenizer cannot encode; a negative or non-finite temperature;
