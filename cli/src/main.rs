@@ -2,6 +2,14 @@
 //!
 //! The binary parses arguments and prints; the work lives in `ember-data` and `ember-train`.
 
+/// `println!` that ends the program quietly when stdout is closed (`ember sample | head`)
+/// instead of panicking, as Unix tools do.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::print_line(format_args!($($arg)*))
+    };
+}
+
 mod prepare;
 mod train;
 
@@ -124,7 +132,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Train(args) => train::run(args),
         Command::Eval { source, batches, backend } => {
             let report = ember_train::commands::eval_run(source.source(), batches, backend)?;
-            println!(
+            out!(
                 "step {}: train loss {:.4} (ppl {:.2}), val loss {:.4} (ppl {:.2}) over {} batches each",
                 report.step,
                 report.train_loss,
@@ -144,20 +152,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 seed,
                 use_cache: !no_cache,
             };
-            println!("{}", ember_train::commands::sample_run(source.source(), &options, backend)?);
+            out!("{}", ember_train::commands::sample_run(source.source(), &options, backend)?);
             Ok(())
         }
         Command::Export { run, format, out } => {
             let out = ember_train::commands::export_run(&run, format, &out)?;
-            println!("wrote {}", out.display());
+            out!("wrote {}", out.display());
             Ok(())
         }
         Command::Verify { fixture, json } => {
             let report = ember_train::verify::verify::<Autodiff<Flex>>(&fixture, &Default::default())?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                out!("{}", serde_json::to_string_pretty(&report)?);
             } else {
-                println!("{report}");
+                out!("{report}");
             }
             if !report.ok {
                 let failed = report.checks.iter().filter(|c| !c.ok).count();
@@ -190,4 +198,14 @@ fn message(error: &anyhow::Error) -> String {
         }
     }
     text
+}
+
+/// Writes one line to stdout; exits with status 0 if the reader went away (broken pipe).
+pub(crate) fn print_line(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    if let Err(e) = writeln!(std::io::stdout().lock(), "{line}") {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+    }
 }

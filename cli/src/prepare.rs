@@ -35,7 +35,7 @@ pub fn run(args: PrepareArgs) -> anyhow::Result<()> {
             std::fs::create_dir_all(&args.out)
                 .with_context(|| format!("cannot create {}", args.out.display()))?;
             let file = download_tinyshakespeare(&args.out.join("tinyshakespeare.txt"))?;
-            println!("downloaded {} (sha256 verified)", file.display());
+            out!("downloaded {} (sha256 verified)", file.display());
             inputs.push(file);
         }
         Some(other) => bail!("--download {other}: unknown corpus; known: tinyshakespeare"),
@@ -50,7 +50,7 @@ pub fn run(args: PrepareArgs) -> anyhow::Result<()> {
         val_fraction: args.val_fraction,
     })?;
     let m = &summary.meta;
-    println!(
+    out!(
         "prepared {}: {} documents, vocabulary {} ({:?} tokens), {} train + {} val tokens",
         summary.out.display(),
         m.documents,

@@ -58,16 +58,16 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     })
     .context("cannot install the Ctrl-C handler")?;
 
-    println!("run directory: {}", run_dir.display());
+    out!("run directory: {}", run_dir.display());
     let summary = ember_train::commands::train_run(
         RunOptions { config, run_dir: run_dir.clone(), resume, stop },
-        &mut |line| println!("{line}"),
+        &mut |line| out!("{line}"),
     )?;
     let val = summary
         .final_val_loss
         .map(|v| format!("val loss {v:.4} (ppl {:.2})", v.exp()))
         .unwrap_or_else(|| "no evaluation".into());
-    println!(
+    out!(
         "{} after step {}: {val}; {:.1} s this session ({:.1} s in all), {:.0} tokens/s; run directory {}",
         if summary.stopped_early { "stopped" } else { "done" },
         summary.steps,
