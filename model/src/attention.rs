@@ -11,7 +11,9 @@ use burn::tensor::{Bool, Tensor};
 ///
 /// `q`: `[batch, n_head, seq_q, d_head]`; `k`, `v`: `[batch, n_head, seq_k, d_head]` with
 /// `seq_k ≥ seq_q`: query `i` sits at key position `i + seq_k − seq_q` (a KV cache holds the
-/// first `seq_k − seq_q` keys). Returns `[batch, n_head, seq_q, d_head]`.
+/// first `seq_k − seq_q` keys). `mask` (`[batch, 1, seq_q, seq_k]`, true = hidden) replaces
+/// the causal mask when documents are packed in a row (see [`crate::Packing`]). Returns
+/// `[batch, n_head, seq_q, d_head]`.
 ///
 /// Runs Burn's fused `attention` op (backends with a flash kernel use it; under autodiff Burn
 /// 0.21 runs its fallback, which materializes `[batch, n_head, seq_q, seq_k]`). The explicit
@@ -22,33 +24,37 @@ pub fn causal_attention<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
+    mask: Option<&Tensor<B, 4, Bool>>,
     dropout: Option<&Dropout>,
 ) -> Tensor<B, 4> {
-    let (seq_q, seq_k) = (q.dims()[2], k.dims()[2]);
+    let [batch, n_head, seq_q, _] = q.dims();
+    let seq_k = k.dims()[2];
     let dropout = dropout.filter(|d| d.prob > 0.0 && B::ad_enabled(&q.device()));
-    if dropout.is_some() || (seq_q > 1 && seq_q != seq_k) {
-        return attention_reference(q, k, v, dropout);
+    if dropout.is_some() || (mask.is_none() && seq_q > 1 && seq_q != seq_k) {
+        return attention_reference(q, k, v, mask.cloned(), dropout);
     }
+    let mask = mask.map(|m| m.clone().expand([batch, n_head, seq_q, seq_k]));
     // One query (incremental decoding) sees every cached key: no mask at all.
-    let options = AttentionModuleOptions { is_causal: seq_q > 1, ..Default::default() };
-    attention(q, k, v, None, None, options)
+    let options = AttentionModuleOptions { is_causal: mask.is_none() && seq_q > 1, ..Default::default() };
+    attention(q, k, v, mask, None, options)
 }
 
 /// The explicit attention path, kept as the test oracle for the fused op:
-/// `softmax(Q·Kᵀ/√d_head, masked above the causal diagonal with −∞)·V`, then `dropout` on the
-/// attention weights if given. Shapes as [`causal_attention`]. Materializes the
-/// `[batch, n_head, seq_q, seq_k]` scores.
+/// `softmax(Q·Kᵀ/√d_head, masked with −∞)·V`, then `dropout` on the attention weights if
+/// given. The mask is `mask` (`[batch, 1, seq_q, seq_k]`, true = hidden) or else causal.
+/// Shapes as [`causal_attention`]. Materializes the `[batch, n_head, seq_q, seq_k]` scores.
 pub fn attention_reference<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
+    mask: Option<Tensor<B, 4, Bool>>,
     dropout: Option<&Dropout>,
 ) -> Tensor<B, 4> {
     let [batch, n_head, seq_q, d_head] = q.dims();
     let seq_k = k.dims()[2];
     let scores = q.matmul(k.swap_dims(2, 3)) / (d_head as f64).sqrt(); // [B, H, Tq, Tk]
-    let mask = causal_mask::<B>(seq_q, seq_k, &scores.device()).expand([batch, n_head, seq_q, seq_k]);
-    let weights = softmax(scores.mask_fill(mask, f32::NEG_INFINITY), 3);
+    let mask = mask.unwrap_or_else(|| causal_mask::<B>(seq_q, seq_k, &scores.device()));
+    let weights = softmax(scores.mask_fill(mask.expand([batch, n_head, seq_q, seq_k]), f32::NEG_INFINITY), 3);
     let weights = match dropout {
         Some(dropout) => dropout.forward(weights),
         None => weights,

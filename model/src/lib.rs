@@ -27,6 +27,7 @@ pub mod hf;
 pub mod init;
 pub mod llama;
 pub mod lm;
+pub mod packing;
 
 pub use attention::{attention_reference, causal_attention, KvCache};
 pub use error::ConfigError;
@@ -36,6 +37,7 @@ pub use gpt::model::Gpt;
 pub use llama::config::{LlamaConfig, LLAMA_PRESETS};
 pub use llama::model::Llama;
 pub use lm::{LanguageModel, ModelConfig};
+pub use packing::Packing;
 
 #[cfg(test)]
 mod tests;

@@ -123,6 +123,14 @@ impl<B: Backend> LanguageModel<B> {
         }
     }
 
+    /// Logits of rows packing several documents (see [`crate::Packing`]).
+    pub fn forward_packed(&self, tokens: Tensor<B, 2, Int>, packing: &crate::Packing<B>) -> Tensor<B, 3> {
+        match self {
+            LanguageModel::Gpt2(m) => m.forward_packed(tokens, packing),
+            LanguageModel::Llama(m) => m.forward_packed(tokens, packing),
+        }
+    }
+
     /// Incremental decoding (see [`Gpt::forward_cached`]).
     pub fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
         match self {

@@ -71,7 +71,7 @@ fn fused_attention_equals_the_explicit_softmax_path() {
     let v = Tensor::<B, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
     let opts = AttentionModuleOptions { is_causal: true, ..Default::default() };
     let fused = attention(q.clone(), k.clone(), v.clone(), None, None, opts);
-    let explicit = attention_reference(q, k, v, None);
+    let explicit = attention_reference(q, k, v, None, None);
     fused.into_data().assert_approx_eq::<f32>(&explicit.into_data(), Tolerance::absolute(1e-5));
 }
 
@@ -85,9 +85,9 @@ fn reference_attention_with_fewer_queries_aligns_them_to_the_last_keys() {
     let q = Tensor::<B, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
     let k = Tensor::<B, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
     let v = Tensor::<B, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
-    let full = attention_reference(q.clone(), k.clone(), v.clone(), None);
+    let full = attention_reference(q.clone(), k.clone(), v.clone(), None, None);
     let last_q = q.slice([0..1, 0..2, 5..6, 0..4]);
-    let one = attention_reference(last_q, k, v, None);
+    let one = attention_reference(last_q, k, v, None, None);
     one.into_data().assert_approx_eq::<f32>(
         &full.slice([0..1, 0..2, 5..6, 0..4]).into_data(),
         Tolerance::absolute(1e-6),
@@ -416,5 +416,49 @@ mod hf_weights {
         let out = dir.path().join("export.safetensors");
         hf::save(&loaded, &out).unwrap();
         assert_eq!(tensors(&fixture), tensors(&out));
+    }
+}
+
+mod packing {
+    use super::{seeded, tokens, B};
+    use crate::{GptConfig, LanguageModel, LlamaConfig, ModelConfig, Packing};
+    use burn::tensor::{Tensor, Tolerance};
+
+    #[test]
+    fn a_document_packed_after_another_has_the_logits_it_has_alone() {
+        let _seed = seeded(31);
+        let device = Default::default();
+        let configs = [
+            ModelConfig::Gpt2(GptConfig::preset("tiny").unwrap()),
+            ModelConfig::Llama(LlamaConfig::preset("llama-tiny").unwrap()),
+        ];
+        for config in configs {
+            let model: LanguageModel<B> = config.init(&device).unwrap();
+            // Row: document A (5 tokens, its EOS 63 last), then document B (4 tokens).
+            let row: [i32; 9] = [4, 8, 15, 16, 63, 23, 42, 7, 9];
+            let segments = [0, 0, 0, 0, 0, 1, 1, 1, 1];
+            let packing = Packing::from_segments(&segments, 1, 9, &device);
+            let packed = model.forward_packed(tokens(&[&row]), &packing);
+            let alone_b = model.forward(tokens(&[&row[5..]]));
+            let alone_a = model.forward(tokens(&[&row[..5]]));
+            let v = packed.dims()[2];
+            let part = |t: Tensor<B, 3>, r: std::ops::Range<usize>| t.slice([0..1, r, 0..v]).into_data();
+            part(packed.clone(), 5..9).assert_approx_eq::<f32>(&alone_b.into_data(), Tolerance::absolute(1e-5));
+            part(packed.clone(), 0..5).assert_approx_eq::<f32>(&alone_a.into_data(), Tolerance::absolute(1e-5));
+            // Without packing, B would see A: its logits differ.
+            let unpacked = model.forward(tokens(&[&row]));
+            assert_ne!(part(unpacked, 5..9), part(packed, 5..9));
+        }
+    }
+
+    #[test]
+    fn packing_positions_restart_and_the_mask_is_block_diagonal_causal() {
+        let device = Default::default();
+        let packing = Packing::<B>::from_segments(&[0, 0, 1, 1, 1, 0, 1, 1, 2, 2], 2, 5, &device);
+        let positions: Vec<i64> = packing.positions.into_data().convert::<i64>().to_vec().unwrap();
+        assert_eq!(positions, vec![0, 1, 0, 1, 2, 0, 0, 1, 0, 1]);
+        let mask: Vec<bool> = packing.mask.into_data().to_vec().unwrap();
+        // Row 0, query 3 (segment 1): sees keys 2 and 3 only.
+        assert_eq!(&mask[15..20], &[true, true, false, false, true]);
     }
 }

@@ -3,7 +3,7 @@
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::tensor::backend::Backend;
-use burn::tensor::Tensor;
+use burn::tensor::{Bool, Tensor};
 
 use super::config::GptConfig;
 use crate::attention::{causal_attention, with_cache, LayerCache};
@@ -37,8 +37,14 @@ impl<B: Backend> CausalSelfAttention<B> {
     }
 
     /// `x`: `[batch, seq_len, d_model]` → `[batch, seq_len, d_model]`; with a cache, `x`
-    /// holds the new positions only and attends to the cached ones too.
-    pub fn forward(&self, x: Tensor<B, 3>, cache: Option<LayerCache<'_, B>>) -> Tensor<B, 3> {
+    /// holds the new positions only and attends to the cached ones too; `mask` replaces the
+    /// causal mask for packed documents (see [`crate::Packing`]).
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        cache: Option<LayerCache<'_, B>>,
+        mask: Option<&Tensor<B, 4, Bool>>,
+    ) -> Tensor<B, 3> {
         let [batch, seq_len, d_model] = x.dims();
         let heads = |t: Tensor<B, 3>| {
             t.reshape([batch, seq_len, self.n_head, d_model / self.n_head]).swap_dims(1, 2)
@@ -47,7 +53,7 @@ impl<B: Backend> CausalSelfAttention<B> {
         let mut qkv = self.c_attn.forward(x).chunk(3, 2).into_iter().map(heads); // q | k | v
         let (q, k, v) = (qkv.next().unwrap(), qkv.next().unwrap(), qkv.next().unwrap());
         let (k, v) = with_cache(cache, k, v);
-        let y = causal_attention(q, k, v, Some(&self.attn_dropout)); // [B, H, T, Dh]
+        let y = causal_attention(q, k, v, mask, Some(&self.attn_dropout)); // [B, H, T, Dh]
         let y = y.swap_dims(1, 2).reshape([batch, seq_len, d_model]);
         self.resid_dropout.forward(self.c_proj.forward(y))
     }

@@ -3,7 +3,7 @@
 use burn::module::Module;
 use burn::nn::{LayerNorm, LayerNormConfig};
 use burn::tensor::backend::Backend;
-use burn::tensor::Tensor;
+use burn::tensor::{Bool, Tensor};
 
 use super::attention::CausalSelfAttention;
 use super::config::GptConfig;
@@ -35,9 +35,14 @@ impl<B: Backend> Block<B> {
     }
 
     /// `x`: `[batch, seq_len, d_model]` → `[batch, seq_len, d_model]` (with a cache: the new
-    /// positions only).
-    pub fn forward(&self, x: Tensor<B, 3>, cache: Option<LayerCache<'_, B>>) -> Tensor<B, 3> {
-        let x = x.clone() + self.attn.forward(self.ln_1.forward(x), cache);
+    /// positions only; `mask`: packed documents).
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        cache: Option<LayerCache<'_, B>>,
+        mask: Option<&Tensor<B, 4, Bool>>,
+    ) -> Tensor<B, 3> {
+        let x = x.clone() + self.attn.forward(self.ln_1.forward(x), cache, mask);
         x.clone() + self.mlp.forward(self.ln_2.forward(x))
     }
 }

@@ -8,6 +8,7 @@ use burn::tensor::{Int, Tensor};
 use super::block::{layer_norm, Block};
 use super::config::GptConfig;
 use crate::attention::{first_position, KvCache, LayerCache};
+use crate::packing::{positions, Packing};
 use crate::error::ConfigError;
 use crate::init;
 
@@ -63,7 +64,14 @@ impl<B: Backend> Gpt<B> {
     /// # Panics
     /// If `seq_len > block_size` (callers crop; the CLI validates before calling).
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        self.lm_head(self.hidden(tokens, None))
+        self.lm_head(self.hidden(tokens, None, None))
+    }
+
+    /// Logits `[batch, seq_len, vocab]` of rows that pack several documents: each token
+    /// attends only to its own document, at positions counted from the document's start
+    /// (see [`Packing`]). A document's logits equal those it gets alone.
+    pub fn forward_packed(&self, tokens: Tensor<B, 2, Int>, packing: &Packing<B>) -> Tensor<B, 3> {
+        self.lm_head(self.hidden(tokens, None, Some(packing)))
     }
 
     /// Incremental decoding: logits `[batch, new, vocab_size]` of the `new` tokens `tokens`
@@ -73,7 +81,7 @@ impl<B: Backend> Gpt<B> {
     /// # Panics
     /// If `cache.len() + new > block_size`.
     pub fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
-        self.lm_head(self.hidden(tokens, Some(cache)))
+        self.lm_head(self.hidden(tokens, Some(cache), None))
     }
 
     /// An empty cache for [`Gpt::forward_cached`].
@@ -83,17 +91,21 @@ impl<B: Backend> Gpt<B> {
 
     /// Final hidden states after `ln_f`: `[batch, seq_len]` → `[batch, seq_len, d_model]`,
     /// positions starting after the cached ones.
-    fn hidden(&self, tokens: Tensor<B, 2, Int>, mut cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
+    fn hidden(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        mut cache: Option<&mut KvCache<B>>,
+        packing: Option<&Packing<B>>,
+    ) -> Tensor<B, 3> {
         let [_, seq_len] = tokens.dims();
         let start = first_position(&cache, seq_len, self.block_size);
-        let device = tokens.device();
-        let positions =
-            Tensor::<B, 1, Int>::arange(start as i64..(start + seq_len) as i64, &device).unsqueeze::<2>();
-        let x = self.wte.forward(tokens) + self.wpe.forward(positions); // [B, T, C] + [1, T, C]
+        let positions = positions(packing, start, seq_len, &tokens.device());
+        let x = self.wte.forward(tokens) + self.wpe.forward(positions); // [B, T, C] + [1 or B, T, C]
         let mut x = self.drop.forward(x);
+        let mask = packing.map(|p| &p.mask);
         for (layer, block) in self.h.iter().enumerate() {
             let layer_cache = cache.as_deref_mut().map(|cache| LayerCache { cache, layer });
-            x = block.forward(x, layer_cache);
+            x = block.forward(x, layer_cache, mask);
         }
         if let Some(cache) = cache {
             cache.advance(seq_len);

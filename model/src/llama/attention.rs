@@ -3,7 +3,7 @@
 use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::backend::Backend;
-use burn::tensor::Tensor;
+use burn::tensor::{Bool, Tensor};
 
 use super::config::LlamaConfig;
 use super::rope::apply_rope;
@@ -43,13 +43,15 @@ impl<B: Backend> LlamaAttention<B> {
     }
 
     /// `x`: `[batch, seq_len, d_model]` → `[batch, seq_len, d_model]`; `cos`/`sin`: the RoPE
-    /// tables of the positions of `x` (`[1, 1, seq_len, d_head]`).
+    /// tables of the positions of `x` (`[batch or 1, 1, seq_len, d_head]`); `mask` replaces the
+    /// causal mask for packed documents.
     pub fn forward(
         &self,
         x: Tensor<B, 3>,
         cos: Tensor<B, 4>,
         sin: Tensor<B, 4>,
         cache: Option<LayerCache<'_, B>>,
+        mask: Option<&Tensor<B, 4, Bool>>,
     ) -> Tensor<B, 3> {
         let [batch, seq_len, d_model] = x.dims();
         let d_head = d_model / self.n_head;
@@ -61,7 +63,7 @@ impl<B: Backend> LlamaAttention<B> {
         let k = apply_rope(k, cos, sin);
         let (k, v) = with_cache(cache, k, v); // [B, KV, T_all, Dh]
         let (k, v) = (self.repeat_kv(k), self.repeat_kv(v)); // [B, H, T_all, Dh]
-        let y = causal_attention(q, k, v, None);
+        let y = causal_attention(q, k, v, mask, None);
         self.o_proj.forward(y.swap_dims(1, 2).reshape([batch, seq_len, d_model]))
     }
 

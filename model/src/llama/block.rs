@@ -3,7 +3,7 @@
 use burn::module::Module;
 use burn::nn::{RmsNorm, RmsNormConfig};
 use burn::tensor::backend::Backend;
-use burn::tensor::Tensor;
+use burn::tensor::{Bool, Tensor};
 
 use super::attention::LlamaAttention;
 use super::config::LlamaConfig;
@@ -41,8 +41,9 @@ impl<B: Backend> LlamaLayer<B> {
         cos: Tensor<B, 4>,
         sin: Tensor<B, 4>,
         cache: Option<LayerCache<'_, B>>,
+        mask: Option<&Tensor<B, 4, Bool>>,
     ) -> Tensor<B, 3> {
-        let h = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, cache);
+        let h = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, cache, mask);
         h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
     }
 }

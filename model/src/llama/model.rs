@@ -9,6 +9,7 @@ use super::block::{rms_norm, LlamaLayer};
 use super::config::LlamaConfig;
 use super::rope::rope_tables;
 use crate::attention::{first_position, KvCache, LayerCache};
+use crate::packing::{positions, Packing};
 use crate::error::ConfigError;
 use crate::init;
 
@@ -67,7 +68,14 @@ impl<B: Backend> Llama<B> {
     /// # Panics
     /// If `seq_len > block_size`.
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        self.lm_head(self.hidden(tokens, None))
+        self.lm_head(self.hidden(tokens, None, None))
+    }
+
+    /// Logits `[batch, seq_len, vocab]` of rows that pack several documents: each token
+    /// attends only to its own document, at positions counted from the document's start
+    /// (see [`Packing`]). A document's logits equal those it gets alone.
+    pub fn forward_packed(&self, tokens: Tensor<B, 2, Int>, packing: &Packing<B>) -> Tensor<B, 3> {
+        self.lm_head(self.hidden(tokens, None, Some(packing)))
     }
 
     /// Incremental decoding: logits `[batch, new, vocab]` of `tokens` (`[batch, new]`)
@@ -76,7 +84,7 @@ impl<B: Backend> Llama<B> {
     /// # Panics
     /// If `cache.len() + new > block_size`.
     pub fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
-        self.lm_head(self.hidden(tokens, Some(cache)))
+        self.lm_head(self.hidden(tokens, Some(cache), None))
     }
 
     /// An empty cache for [`Llama::forward_cached`].
@@ -84,16 +92,22 @@ impl<B: Backend> Llama<B> {
         KvCache::new(self.model.layers.len())
     }
 
-    fn hidden(&self, tokens: Tensor<B, 2, Int>, mut cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
+    fn hidden(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        mut cache: Option<&mut KvCache<B>>,
+        packing: Option<&Packing<B>>,
+    ) -> Tensor<B, 3> {
         let [_, seq_len] = tokens.dims();
         let start = first_position(&cache, seq_len, self.block_size);
-        let device = tokens.device();
+        let positions = positions(packing, start, seq_len, &tokens.device());
         let mut x = self.model.embed_tokens.forward(tokens);
         let d_head = x.dims()[2] / self.n_head;
-        let (cos, sin) = rope_tables::<B>(start, seq_len, d_head, self.rope_theta, &device);
+        let (cos, sin) = rope_tables(positions, d_head, self.rope_theta);
+        let mask = packing.map(|p| &p.mask);
         for (layer, block) in self.model.layers.iter().enumerate() {
             let layer_cache = cache.as_deref_mut().map(|cache| LayerCache { cache, layer });
-            x = block.forward(x, cos.clone(), sin.clone(), layer_cache);
+            x = block.forward(x, cos.clone(), sin.clone(), layer_cache, mask);
         }
         if let Some(cache) = cache {
             cache.advance(seq_len);

@@ -1,35 +1,22 @@
 //! Rotary position embeddings in the Hugging Face layout (`rotate_half`).
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData};
 
-/// `cos` and `sin` tables `[1, 1, len, d_head]` for positions `start..start + len`
-/// (Su et al. 2021, RoFormer eq. 34; Hugging Face `LlamaRotaryEmbedding`):
-/// `inv_freq[j] = 1 / θ^(2j/d_head)`, angle `p·inv_freq[j]`, the `d_head/2` angles repeated
-/// twice (`cat(freqs, freqs)`), all in f32 as the reference computes them.
-pub fn rope_tables<B: Backend>(
-    start: usize,
-    len: usize,
-    d_head: usize,
-    theta: f64,
-    device: &B::Device,
-) -> (Tensor<B, 4>, Tensor<B, 4>) {
+/// `cos` and `sin` tables `[rows, 1, len, d_head]` for `positions` (`[rows, len]`; `rows` is
+/// the batch, or 1 for positions shared by every row) (Su et al. 2021, RoFormer eq. 34;
+/// Hugging Face `LlamaRotaryEmbedding`): `inv_freq[j] = 1 / θ^(2j/d_head)`, angle
+/// `p·inv_freq[j]`, the `d_head/2` angles repeated twice (`cat(freqs, freqs)`), in f32 as the
+/// reference computes them.
+pub fn rope_tables<B: Backend>(positions: Tensor<B, 2, Int>, d_head: usize, theta: f64) -> (Tensor<B, 4>, Tensor<B, 4>) {
     let half = d_head / 2;
-    let inv_freq: Vec<f32> =
-        (0..half).map(|j| 1.0 / (theta as f32).powf((2 * j) as f32 / d_head as f32)).collect();
-    let mut cos = Vec::with_capacity(len * d_head);
-    let mut sin = Vec::with_capacity(len * d_head);
-    for p in start..start + len {
-        for _ in 0..2 {
-            for &f in &inv_freq {
-                let angle = p as f32 * f;
-                cos.push(angle.cos());
-                sin.push(angle.sin());
-            }
-        }
-    }
-    let table = |v: Vec<f32>| Tensor::<B, 4>::from_data(TensorData::new(v, [1, 1, len, d_head]), device);
-    (table(cos), table(sin))
+    let inv_freq: Vec<f32> = (0..d_head)
+        .map(|j| 1.0 / (theta as f32).powf((2 * (j % half)) as f32 / d_head as f32))
+        .collect();
+    let device = positions.device();
+    let inv_freq = Tensor::<B, 3>::from_data(TensorData::new(inv_freq, [1, 1, d_head]), &device);
+    let angles = positions.float().unsqueeze_dim::<3>(2) * inv_freq; // [rows, len, d_head]
+    (angles.clone().cos().unsqueeze_dim(1), angles.sin().unsqueeze_dim(1))
 }
 
 /// Applies RoPE to `x` `[batch, heads, len, d_head]`: `x·cos + rotate_half(x)·sin`, where
@@ -54,7 +41,7 @@ mod tests {
     fn rotate_half_layout_on_a_hand_example() {
         // d_head 4, θ = 10000: inv_freq = [1, 0.01]; at position 1 the angles are [1, 0.01, 1, 0.01].
         let device = Default::default();
-        let (cos, sin) = rope_tables::<Flex>(1, 1, 4, 10000.0, &device);
+        let (cos, sin) = rope_tables::<Flex>(Tensor::from_ints([[1]], &device), 4, 10000.0);
         let x = Tensor::<Flex, 4>::from_floats([[[[1.0, 2.0, 3.0, 4.0]]]], &device);
         let y: Vec<f32> = apply_rope(x, cos, sin).into_data().to_vec().unwrap();
         let (c1, s1, c2, s2) = (1f32.cos(), 1f32.sin(), 0.01f32.cos(), 0.01f32.sin());
@@ -68,7 +55,7 @@ mod tests {
     #[test]
     fn position_zero_is_the_identity() {
         let device = Default::default();
-        let (cos, sin) = rope_tables::<Flex>(0, 1, 6, 10000.0, &device);
+        let (cos, sin) = rope_tables::<Flex>(Tensor::from_ints([[0]], &device), 6, 10000.0);
         let x = Tensor::<Flex, 4>::from_floats([[[[1.0, -2.0, 3.0, 0.5, 7.0, -1.0]]]], &device);
         assert_eq!(apply_rope(x.clone(), cos, sin).into_data(), x.into_data());
     }
