@@ -8,6 +8,11 @@
 //! cargo run --release -p ember-model --example generate -- --random tiny --max-new-tokens 50
 //! ```
 //!
+//! Flags: `--preset NAME` (or `--random NAME`), `--weights FILE`, `--vocab-size N` (the
+//! weights' vocabulary when it differs from the preset's, e.g. 50257 for the published GPT-2
+//! whose preset pads to 50304; read from the file when omitted), `--prompt TEXT`,
+//! `--max-new-tokens N`, `--no-cache`.
+//!
 //! Models with a GPT-2-sized vocabulary use GPT-2's BPE (tiktoken-rs, offline); smaller ones
 //! read and write raw bytes (the random `tiny` model gets a 256-token vocabulary).
 
@@ -21,6 +26,7 @@ use ember_model::{argmax, generate, hf, ModelConfig};
 /// What to run, from the command line.
 struct Args {
     preset: String,
+    vocab_size: Option<usize>,
     weights: Option<PathBuf>,
     prompt: String,
     max_new_tokens: usize,
@@ -30,6 +36,7 @@ struct Args {
 fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut parsed = Args {
         preset: "tiny".into(),
+        vocab_size: None,
         weights: None,
         prompt: "Hello".into(),
         max_new_tokens: 20,
@@ -44,7 +51,11 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--max-new-tokens" => {
                 parsed.max_new_tokens = value()?.parse().map_err(|e| format!("--max-new-tokens: {e}"))?
             }
+            "--vocab-size" => {
+                parsed.vocab_size = Some(value()?.parse().map_err(|e| format!("--vocab-size: {e}"))?)
+            }
             "--no-cache" => parsed.use_cache = false,
+            "--help" | "-h" => return Err("usage: see the header of examples/generate.rs".into()),
             other => return Err(format!("unknown argument {other}; see the file's header for usage")),
         }
     }
@@ -75,7 +86,7 @@ impl Tokenizer {
 
     fn decode(&self, ids: &[u32]) -> String {
         match self {
-            Tokenizer::Gpt2(bpe) => bpe.decode(ids.to_vec()).unwrap_or_else(|_| format!("{ids:?}")),
+            Tokenizer::Gpt2(bpe) => bpe.decode(ids).unwrap_or_else(|_| format!("{ids:?}")),
             Tokenizer::Bytes => {
                 String::from_utf8_lossy(&ids.iter().map(|&t| t as u8).collect::<Vec<_>>()).into_owned()
             }
@@ -87,7 +98,11 @@ impl Tokenizer {
 fn run(args: &Args) -> Result<(String, f64), String> {
     let device = Default::default();
     let mut config = ModelConfig::preset(&args.preset).ok_or(format!("unknown preset {:?}", args.preset))?;
-    if args.weights.is_none() && config.vocab_size() < 256 {
+    if let Some(vocab) = args.vocab_size {
+        config.set_vocab_size(vocab);
+    } else if let Some(path) = &args.weights {
+        config.set_vocab_size(hf::vocab_size(path).map_err(|e| e.to_string())?);
+    } else if config.vocab_size() < 256 {
         config.set_vocab_size(256); // raw bytes
     }
     Flex::seed(&device, 0); // the random model is the same every run

@@ -11,6 +11,7 @@ macro_rules! out {
 }
 
 mod prepare;
+mod tokenizer;
 mod train;
 
 use std::path::PathBuf;
@@ -32,8 +33,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Tokenize text once into DIR/train.bin, DIR/val.bin and DIR/meta.json.
+    /// Tokenize a corpus once into token shards, a document index and meta.json in DIR.
     Prepare(prepare::PrepareArgs),
+    /// Train a tokenizer on a corpus (`ember tokenizer train`).
+    Tokenizer(tokenizer::TokenizerArgs),
     /// Train a model from a TOML config, or resume a run.
     Train(train::TrainArgs),
     /// Evaluate a run's latest checkpoint (or a config's init_from weights) on the train and validation splits.
@@ -129,6 +132,7 @@ fn parse_backend(s: &str) -> Result<BackendKind, String> {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Prepare(args) => prepare::run(args),
+        Command::Tokenizer(args) => tokenizer::run(args),
         Command::Train(args) => train::run(args),
         Command::Eval { source, batches, backend } => {
             let report = ember_train::commands::eval_run(source.source(), batches, backend)?;
@@ -156,8 +160,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Export { run, format, out } => {
-            let out = ember_train::commands::export_run(&run, format, &out)?;
-            out!("wrote {}", out.display());
+            for path in ember_train::commands::export_run(&run, format, &out)? {
+                out!("wrote {}", path.display());
+            }
             Ok(())
         }
         Command::Verify { fixture, json } => {

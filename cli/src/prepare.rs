@@ -4,16 +4,27 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use ember_data::{download_tinyshakespeare, prepare, PrepareOptions, TokenizerKind};
+use ember_data::{
+    download_tinyshakespeare, prepare, PrepareOptions, SftFields, TokenizerKind, DEFAULT_SHARD_TOKENS,
+};
 
 /// Arguments of `ember prepare`.
 #[derive(Args)]
 pub struct PrepareArgs {
-    /// Tokenizer: char (vocabulary = the corpus's distinct characters) or gpt2 (r50k_base BPE).
+    /// char (the corpus's distinct characters), byte, gpt2 (r50k_base), cl100k, o200k, or hf
+    /// (a Hugging Face tokenizer.json given with --tokenizer-file).
     #[arg(long)]
     tokenizer: TokenizerKind,
-    /// Text files; each is a document (gpt2: also split on <|endoftext|>).
-    #[arg(long, num_args = 1.., value_name = "FILE")]
+    /// The tokenizer.json for --tokenizer hf (e.g. from `ember tokenizer train`).
+    #[arg(long, value_name = "FILE")]
+    tokenizer_file: Option<PathBuf>,
+    /// End-of-text token of an hf tokenizer (default: the first of <|endoftext|>, </s>,
+    /// <|end_of_text|>, <eos> in its vocabulary).
+    #[arg(long, value_name = "TOKEN")]
+    eos_token: Option<String>,
+    /// Files, directories (their .txt and .jsonl files, recursively, sorted) and globs
+    /// ('data/**/*.jsonl', sorted). A .txt file is a document; a .jsonl line is one.
+    #[arg(long, num_args = 1.., value_name = "PATH")]
     input: Vec<PathBuf>,
     /// Download a known corpus into DIR first (needs network): tinyshakespeare.
     #[arg(long, value_name = "NAME")]
@@ -24,6 +35,31 @@ pub struct PrepareArgs {
     /// Fraction of tokens (the end of the stream) kept for validation.
     #[arg(long, default_value_t = 0.1)]
     val_fraction: f64,
+    /// Field of .jsonl lines holding the text.
+    #[arg(long, default_value = "text")]
+    text_field: String,
+    /// Split .txt files into documents on lines equal to LINE.
+    #[arg(long, value_name = "LINE")]
+    doc_separator: Option<String>,
+    /// SFT data: .jsonl lines with prompt/response fields or a messages list; prompt tokens
+    /// are not scored.
+    #[arg(long)]
+    sft: bool,
+    /// Field holding the prompt (with --sft).
+    #[arg(long, default_value = "prompt", requires = "sft")]
+    prompt_field: String,
+    /// Field holding the response (with --sft).
+    #[arg(long, default_value = "response", requires = "sft")]
+    response_field: String,
+    /// Replace invalid UTF-8 with U+FFFD (counted) instead of failing.
+    #[arg(long)]
+    lossy: bool,
+    /// Maximum tokens per shard file.
+    #[arg(long, default_value_t = DEFAULT_SHARD_TOKENS, value_name = "N")]
+    shard_tokens: u64,
+    /// Tokenizer threads (default: all cores). The output is the same for any number.
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
 }
 
 /// Runs `ember prepare`.
@@ -41,23 +77,53 @@ pub fn run(args: PrepareArgs) -> anyhow::Result<()> {
         Some(other) => bail!("--download {other}: unknown corpus; known: tinyshakespeare"),
     }
     if inputs.is_empty() {
-        bail!("no input: pass --input FILE... or --download tinyshakespeare");
+        bail!("no input: pass --input PATH... or --download tinyshakespeare");
     }
-    let summary = prepare(&PrepareOptions {
-        tokenizer: args.tokenizer,
-        inputs,
-        out: args.out,
-        val_fraction: args.val_fraction,
-    })?;
+    let mut opts = PrepareOptions::new(args.tokenizer, inputs, args.out);
+    opts.tokenizer_file = args.tokenizer_file;
+    opts.eos_token = args.eos_token;
+    opts.val_fraction = args.val_fraction;
+    opts.input.text_field = args.text_field;
+    opts.input.doc_separator = args.doc_separator;
+    opts.input.lossy = args.lossy;
+    opts.input.sft =
+        args.sft.then(|| SftFields { prompt_field: args.prompt_field, response_field: args.response_field });
+    opts.shard_tokens = args.shard_tokens;
+    opts.threads = args.threads;
+    let summary = prepare(&opts)?;
     let m = &summary.meta;
+    let what = match (opts.input.sft.is_some(), m.documents == 1) {
+        (true, true) => "SFT example",
+        (true, false) => "SFT examples",
+        (false, true) => "document",
+        (false, false) => "documents",
+    };
     out!(
-        "prepared {}: {} documents, vocabulary {} ({:?} tokens), {} train + {} val tokens",
+        "prepared {}: {} {what}, {} tokens ({} train + {} val), vocabulary {} ({:?}), {} shard{}",
         summary.out.display(),
         m.documents,
+        m.total_tokens,
+        m.train_tokens,
+        m.val_tokens,
         m.vocab_size,
         m.dtype,
-        m.train_tokens,
-        m.val_tokens
+        m.shards.len(),
+        if m.shards.len() == 1 { "" } else { "s" }
     );
+    out!(
+        "read {} bytes from {} file{} in {:.2} s: {:.2} MB/s, {:.0} tokens/s",
+        summary.input_bytes,
+        m.sources.len(),
+        if m.sources.len() == 1 { "" } else { "s" },
+        summary.seconds,
+        summary.mb_per_s(),
+        summary.tokens_per_s()
+    );
+    if m.lossy_replacements > 0 {
+        out!("replaced {} invalid UTF-8 sequences with U+FFFD (--lossy)", m.lossy_replacements);
+    }
+    if m.empty_documents > 0 {
+        out!("skipped {} empty documents", m.empty_documents);
+    }
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! Windows of L+1 tokens -> (inputs, targets) batches. The next-token shift lives here only.
+//! Rows of L+1 tokens → (inputs, targets) batches. The next-token shift lives here only.
 
 use crate::DataError;
 
@@ -19,17 +19,34 @@ pub fn shift_window(window: &[u32]) -> (Vec<u32>, Vec<i32>) {
     (inputs, targets)
 }
 
-/// A batch of `batch_size` windows of `seq_len` tokens, row-major `[batch_size, seq_len]`.
+/// One row of a batch: a packed window or an SFT example, `seq_len` positions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Row {
+    /// Input ids, `[seq_len]`.
+    pub inputs: Vec<u32>,
+    /// Next-token targets or [`IGNORE_INDEX`], `[seq_len]`.
+    pub targets: Vec<i32>,
+    /// With document masking: the index (from 0) of the document each input position belongs
+    /// to within the row, `[seq_len]`; see [`Batch::segments`].
+    pub segments: Option<Vec<u32>>,
+}
+
+/// A batch of `batch_size` rows of `seq_len` positions, row-major `[batch_size, seq_len]`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Batch {
     /// Rows.
     pub batch_size: usize,
-    /// Tokens per row (L).
+    /// Positions per row (L).
     pub seq_len: usize,
     /// Input ids, `batch_size * seq_len`, row-major.
     pub inputs: Vec<u32>,
     /// Target ids (or [`IGNORE_INDEX`]), `batch_size * seq_len`, row-major.
     pub targets: Vec<i32>,
+    /// With document masking (else `None`): `batch_size * seq_len`, row-major, the index of
+    /// the document each INPUT position belongs to within its row, counted from 0 at the
+    /// row's first position. A document includes its EOS; the position after an EOS starts a
+    /// new segment. Attention should stay within a segment and positions restart at 0 in each.
+    pub segments: Option<Vec<u32>>,
 }
 
 impl Batch {
@@ -38,7 +55,52 @@ impl Batch {
         self.targets.iter().filter(|&&t| t != IGNORE_INDEX).count()
     }
 
-    /// Builds a batch from windows of L+1 tokens each (shifted with [`shift_window`]).
+    /// Stacks rows into a batch.
+    ///
+    /// Errors: [`DataError::InvalidBatch`] if there are no rows, a row is empty, rows differ in
+    /// length or in having segments (naming the row and both values).
+    pub fn from_rows(rows: Vec<Row>) -> Result<Batch, DataError> {
+        let Some(first) = rows.first() else {
+            return Err(DataError::InvalidBatch { reason: "no rows given; need at least one".into() });
+        };
+        let seq_len = first.inputs.len();
+        let with_segments = first.segments.is_some();
+        if seq_len == 0 {
+            return Err(DataError::InvalidBatch { reason: "rows must hold at least one position".into() });
+        }
+        for (i, r) in rows.iter().enumerate() {
+            let seg_len = r.segments.as_ref().map_or(seq_len, Vec::len);
+            if r.inputs.len() != seq_len || r.targets.len() != seq_len || seg_len != seq_len {
+                return Err(DataError::InvalidBatch {
+                    reason: format!(
+                        "row {i} has {} inputs, {} targets and {seg_len} segments, expected {seq_len} like row 0",
+                        r.inputs.len(),
+                        r.targets.len()
+                    ),
+                });
+            }
+            if r.segments.is_some() != with_segments {
+                return Err(DataError::InvalidBatch {
+                    reason: format!("row {i} and row 0 disagree on having segments"),
+                });
+            }
+        }
+        let batch_size = rows.len();
+        let mut inputs = Vec::with_capacity(batch_size * seq_len);
+        let mut targets = Vec::with_capacity(batch_size * seq_len);
+        let mut segments = with_segments.then(|| Vec::with_capacity(batch_size * seq_len));
+        for r in rows {
+            inputs.extend(r.inputs);
+            targets.extend(r.targets);
+            if let (Some(all), Some(s)) = (segments.as_mut(), r.segments) {
+                all.extend(s);
+            }
+        }
+        Ok(Batch { batch_size, seq_len, inputs, targets, segments })
+    }
+
+    /// Builds a batch (without segments) from windows of L+1 tokens each, shifted with
+    /// [`shift_window`].
     ///
     /// Errors: [`DataError::InvalidBatch`] if there are no windows, a window has fewer than
     /// 2 tokens, or any window's length differs from the first's (names the window index and
@@ -58,15 +120,14 @@ impl Batch {
                 reason: format!("window {i} has {} tokens, expected {window_len} like window 0", w.len()),
             });
         }
-        let seq_len = window_len - 1;
-        let mut inputs = Vec::with_capacity(windows.len() * seq_len);
-        let mut targets = Vec::with_capacity(windows.len() * seq_len);
-        for w in windows {
-            let (x, y) = shift_window(w);
-            inputs.extend(x);
-            targets.extend(y);
-        }
-        Ok(Batch { batch_size: windows.len(), seq_len, inputs, targets })
+        let rows = windows
+            .iter()
+            .map(|w| {
+                let (inputs, targets) = shift_window(w);
+                Row { inputs, targets, segments: None }
+            })
+            .collect();
+        Batch::from_rows(rows)
     }
 }
 
@@ -87,13 +148,23 @@ mod tests {
         assert_eq!((b.batch_size, b.seq_len), (2, 2));
         assert_eq!(b.inputs, vec![1, 2, 7, 8]);
         assert_eq!(b.targets, vec![2, 3, 8, 9]);
+        assert_eq!(b.segments, None);
         assert_eq!(b.scored_tokens(), 4);
     }
 
     #[test]
-    fn scored_tokens_skips_ignore_index() {
-        let b = Batch { batch_size: 1, seq_len: 3, inputs: vec![1, 2, 3], targets: vec![2, IGNORE_INDEX, 4] };
+    fn from_rows_stacks_segments() {
+        let row = |x: u32, s: Vec<u32>| Row {
+            inputs: vec![x, x],
+            targets: vec![1, IGNORE_INDEX],
+            segments: Some(s),
+        };
+        let b = Batch::from_rows(vec![row(1, vec![0, 0]), row(2, vec![0, 1])]).unwrap();
+        assert_eq!(b.inputs, vec![1, 1, 2, 2]);
+        assert_eq!(b.segments, Some(vec![0, 0, 0, 1]));
         assert_eq!(b.scored_tokens(), 2);
+        let mixed = vec![row(1, vec![0, 0]), Row { inputs: vec![1, 1], targets: vec![1, 1], segments: None }];
+        assert!(Batch::from_rows(mixed).unwrap_err().to_string().contains("row 1 and row 0 disagree"));
     }
 
     #[test]
@@ -102,5 +173,6 @@ mod tests {
         assert!(err.to_string().contains("window 1 has 2 tokens, expected 3"), "{err}");
         assert!(matches!(Batch::from_windows(&[]), Err(DataError::InvalidBatch { .. })));
         assert!(matches!(Batch::from_windows(&[vec![1]]), Err(DataError::InvalidBatch { .. })));
+        assert!(matches!(Batch::from_rows(vec![]), Err(DataError::InvalidBatch { .. })));
     }
 }

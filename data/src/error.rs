@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-/// Everything that can go wrong in `ember-data`. Every message names the file, field or
+/// Everything that can go wrong in `ember-data`. Every message names the file, line, field or
 /// argument at fault and what was expected, so it can be shown to a user as is.
 #[derive(thiserror::Error, Debug)]
 pub enum DataError {
@@ -17,31 +17,59 @@ pub enum DataError {
         source: std::io::Error,
     },
 
-    /// An input file is not valid UTF-8.
-    #[error("input file {path} is not valid UTF-8: invalid byte sequence at byte offset {offset}")]
+    /// An input path is neither a file, a directory nor a glob that matches something.
+    #[error("input {given}: {reason}")]
+    BadInput {
+        /// The path or pattern as given.
+        given: String,
+        /// What is wrong and what was expected.
+        reason: String,
+    },
+
+    /// An input file is not valid UTF-8 (and `lossy` was not asked for).
+    #[error("input file {path} is not valid UTF-8: invalid byte sequence at byte offset {offset} (line {line}); pass --lossy to replace invalid bytes with U+FFFD")]
     InvalidUtf8 {
         /// The input file.
         path: PathBuf,
-        /// Byte offset of the first invalid byte.
-        offset: usize,
+        /// 1-based line number of the invalid byte.
+        line: u64,
+        /// Byte offset of the first invalid byte in the file.
+        offset: u64,
     },
 
-    /// `prepare` was given no input files.
-    #[error("no input files given: pass at least one text file to tokenize")]
-    NoInputs,
+    /// A line of a `.jsonl` input is not what was expected (not JSON, a missing field, a field
+    /// of the wrong type, an SFT example without an assistant message, ...).
+    #[error("{path}:{line}: {reason}")]
+    BadLine {
+        /// The input file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: u64,
+        /// What is wrong and what was expected.
+        reason: String,
+    },
+
+    /// `prepare` (or tokenizer training) was given no input files.
+    #[error("no input files: {reason}")]
+    NoInputs {
+        /// What was given, and what is accepted.
+        reason: String,
+    },
 
     /// The inputs hold no non-empty document.
-    #[error("empty corpus: the input files {inputs:?} contain no text to tokenize")]
+    #[error("empty corpus: the input files {inputs:?} contain no non-empty document")]
     EmptyCorpus {
-        /// The input files, as given.
+        /// The input files.
         inputs: Vec<PathBuf>,
     },
 
-    /// `val_fraction` is not a number in [0, 1).
-    #[error("val_fraction must be a number in [0, 1), got {value}")]
-    InvalidValFraction {
-        /// The rejected value.
-        value: f64,
+    /// An option has a value outside its range, or options contradict each other.
+    #[error("invalid option {option}: {reason}")]
+    InvalidOption {
+        /// The option, e.g. "val_fraction" (CLI: `--val-fraction`).
+        option: &'static str,
+        /// The value given and what was expected.
+        reason: String,
     },
 
     /// The char tokenizer met a character outside its vocabulary.
@@ -55,8 +83,10 @@ pub enum DataError {
         position: usize,
     },
 
-    /// A token id is not below the vocabulary size.
-    #[error("token id {id} is out of range: the vocabulary has {vocab_size} ids (0..{vocab_size})")]
+    /// A token id is not one of the tokenizer's ids.
+    #[error(
+        "token id {id} is not in the vocabulary (ids 0..{vocab_size}, minus unused ids of the encoding)"
+    )]
     TokenOutOfRange {
         /// The offending id.
         id: u32,
@@ -64,18 +94,27 @@ pub enum DataError {
         vocab_size: usize,
     },
 
-    /// A tokenizer spec cannot be used (e.g. a char list that is not sorted and distinct).
-    #[error("invalid tokenizer spec: {reason}")]
+    /// A tokenizer spec or tokenizer file cannot be used.
+    #[error("invalid tokenizer: {reason}")]
     InvalidTokenizerSpec {
         /// What is wrong and what was expected.
         reason: String,
     },
 
-    /// A tokenizer name is not "char" or "gpt2".
-    #[error("unknown tokenizer {given:?}: expected \"char\" or \"gpt2\"")]
+    /// A tokenizer name is not one of the known kinds.
+    #[error("unknown tokenizer {given:?}: expected one of char, byte, gpt2, cl100k, o200k, hf")]
     UnknownTokenizerKind {
         /// The rejected name.
         given: String,
+    },
+
+    /// The Hugging Face tokenizers library failed (loading, encoding, training).
+    #[error("tokenizer {context}: {reason}")]
+    HfTokenizer {
+        /// What was being done, with the file if any.
+        context: String,
+        /// The library's message.
+        reason: String,
     },
 
     /// `meta.json` is missing fields, has wrong types or is not JSON.
@@ -87,17 +126,17 @@ pub enum DataError {
         source: serde_json::Error,
     },
 
-    /// `meta.json` parses but contradicts itself (e.g. dtype too small for the vocabulary).
+    /// `meta.json` parses but contradicts itself or the files beside it.
     #[error("inconsistent {path}: {reason}")]
     InconsistentMeta {
-        /// The meta.json file.
+        /// The meta.json (or index) file.
         path: PathBuf,
         /// What disagrees with what.
         reason: String,
     },
 
     /// `meta.json` has a `format_version` this crate cannot read.
-    #[error("{path}: unsupported format_version {found}, this version of ember-data reads format_version {expected}; re-run `prepare`")]
+    #[error("{path}: unsupported format_version {found}; this version of ember-data reads format_version {expected}: run `ember prepare` again on the corpus to rewrite the directory")]
     UnsupportedFormatVersion {
         /// The meta.json file.
         path: PathBuf,
@@ -107,43 +146,59 @@ pub enum DataError {
         expected: u32,
     },
 
-    /// A token file's length is not a multiple of the token size.
-    #[error("token file {path} is {bytes} bytes long, which is not a multiple of {dtype_bytes} (the size of one token); the file is truncated or corrupt")]
-    MisalignedTokenFile {
-        /// The .bin file.
+    /// A token shard's size differs from what meta.json records.
+    #[error("token shard {path} is {actual_bytes} bytes long but meta.json records {expected_tokens} tokens ({expected_bytes} bytes); the file is truncated or stale, run `ember prepare` again")]
+    ShardSize {
+        /// The shard file.
         path: PathBuf,
-        /// Its length in bytes.
-        bytes: u64,
-        /// Bytes per token.
-        dtype_bytes: usize,
+        /// Tokens recorded in meta.json.
+        expected_tokens: u64,
+        /// Bytes those tokens take.
+        expected_bytes: u64,
+        /// Bytes found.
+        actual_bytes: u64,
     },
 
-    /// A token file holds a different number of tokens than meta.json records.
-    #[error("token file {path} holds {actual} tokens but meta.json records {expected}; the file is truncated or stale, re-run `prepare`")]
-    TokenCountMismatch {
-        /// The .bin file.
+    /// A file's SHA-256 differs from the one meta.json records.
+    #[error("{path} is corrupt or was modified: its SHA-256 is {actual}, meta.json records {expected}; run `ember prepare` again")]
+    FileChecksum {
+        /// The file.
         path: PathBuf,
-        /// Token count recorded in meta.json.
-        expected: u64,
-        /// Token count found in the file.
-        actual: u64,
+        /// SHA-256 recorded in meta.json (lowercase hex).
+        expected: String,
+        /// SHA-256 of the file's bytes now.
+        actual: String,
     },
 
-    /// A split holds too few tokens for one window of `seq_len + 1` tokens.
-    #[error("the {split} split holds {tokens} tokens, but one window needs seq_len + 1 = {needed}; use a shorter seq_len or more data (or a larger val_fraction for the val split)")]
+    /// A split holds too few tokens (or examples) for one row.
+    #[error("the {split} split holds {tokens} tokens, but {needed}; use a shorter seq_len or more data (or a larger val_fraction for the val split)")]
     StreamTooShort {
         /// "train" or "val".
         split: &'static str,
         /// Tokens in the split.
-        tokens: usize,
-        /// Tokens needed (seq_len + 1).
-        needed: usize,
+        tokens: u64,
+        /// What one row needs, in words.
+        needed: String,
     },
 
-    /// Windows handed to [`crate::Batch::from_windows`] (or sampler settings) cannot form a batch.
+    /// Rows, indices or sizes handed to a batch builder cannot form a batch.
     #[error("invalid batch: {reason}")]
     InvalidBatch {
         /// What is wrong and what was expected.
+        reason: String,
+    },
+
+    /// Sampler settings or a resumed sampler state are unusable.
+    #[error("invalid sampler: {reason}")]
+    InvalidSampler {
+        /// What is wrong and what was expected.
+        reason: String,
+    },
+
+    /// The prefetch thread died (its producer panicked).
+    #[error("prefetch thread failed: {reason}")]
+    Prefetch {
+        /// The panic message, if any.
         reason: String,
     },
 
@@ -174,5 +229,10 @@ impl DataError {
     /// Builds a [`DataError::Io`] for `path`.
     pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         DataError::Io { action, path: path.into(), source }
+    }
+
+    /// Builds a [`DataError::InvalidOption`].
+    pub(crate) fn option(option: &'static str, reason: impl Into<String>) -> Self {
+        DataError::InvalidOption { option, reason: reason.into() }
     }
 }

@@ -1,4 +1,4 @@
-//! `meta.json`: what a prepared-data directory holds and how to read its token files.
+//! `meta.json`: what a prepared-data directory holds and how to read its files.
 
 use std::path::{Path, PathBuf};
 
@@ -7,16 +7,21 @@ use serde::{Deserialize, Serialize};
 use crate::{DataError, TokenizerSpec};
 
 /// The `format_version` this crate writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// File name of the metadata in a prepared-data directory.
 pub const META_FILE: &str = "meta.json";
-/// File name of the training tokens in a prepared-data directory.
-pub const TRAIN_FILE: &str = "train.bin";
-/// File name of the validation tokens in a prepared-data directory.
-pub const VAL_FILE: &str = "val.bin";
+/// File name of the document index: u64 LE cumulative end offsets (tokens, exclusive).
+pub const DOCUMENTS_FILE: &str = "documents.bin";
+/// File name of the SFT prompt lengths: u32 LE per example.
+pub const PROMPTS_FILE: &str = "prompts.bin";
 
-/// Width of one token in a `.bin` file (always little-endian, no header).
+/// File name of token shard `index`: `tokens-00000.bin`, `tokens-00001.bin`, …
+pub fn shard_file_name(index: usize) -> String {
+    format!("tokens-{index:05}.bin")
+}
+
+/// Width of one token in a shard (always little-endian, no header).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TokenDtype {
@@ -45,10 +50,20 @@ impl TokenDtype {
     }
 }
 
+/// What the documents are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataKind {
+    /// Plain documents, packed into windows for pretraining.
+    Pretrain,
+    /// SFT examples (prompt + response + EOS), one per row, prompt tokens unscored.
+    Sft,
+}
+
 /// One input file of the corpus, for provenance.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceInfo {
-    /// The path as given to `prepare`.
+    /// The path as resolved from `--input`.
     pub path: String,
     /// File size in bytes.
     pub bytes: u64,
@@ -56,42 +71,73 @@ pub struct SourceInfo {
     pub sha256: String,
 }
 
-/// Contents of `meta.json`.
+/// One token shard.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardInfo {
+    /// File name in the directory (`tokens-00000.bin`).
+    pub file: String,
+    /// Tokens it holds.
+    pub tokens: u64,
+    /// SHA-256 of its bytes, lowercase hex.
+    pub sha256: String,
+}
+
+/// Contents of `meta.json` (format 2).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Meta {
-    /// Layout version; [`FORMAT_VERSION`] (1).
+    /// Layout version; [`FORMAT_VERSION`] (2).
     pub format_version: u32,
-    /// The tokenizer that produced the token files.
+    /// Pretraining documents or SFT examples.
+    pub kind: DataKind,
+    /// The tokenizer that produced the tokens.
     pub tokenizer: TokenizerSpec,
-    /// Number of token ids, EOS included.
+    /// Number of token ids (largest id + 1), EOS included.
     pub vocab_size: usize,
     /// End-of-text id; follows every document.
     pub eos_id: u32,
-    /// Width of one token in train.bin / val.bin.
+    /// Width of one token in the shards.
     pub dtype: TokenDtype,
-    /// Tokens in train.bin.
-    pub train_tokens: u64,
-    /// Tokens in val.bin.
-    pub val_tokens: u64,
-    /// Documents in the corpus (= number of EOS tokens).
+    /// Tokens in the whole stream (all shards).
+    pub total_tokens: u64,
+    /// Documents (= EOS tokens = entries of documents.bin; SFT: examples).
     pub documents: u64,
-    /// Fraction of tokens (by position, at the end of the stream) in val.bin.
+    /// The shards, in stream order; each holds at most `shard_tokens` tokens.
+    pub shards: Vec<ShardInfo>,
+    /// The `--shard-tokens` limit the shards were cut with.
+    pub shard_tokens: u64,
+    /// Train split: stream `[0, train_tokens)`; val: `[train_tokens, total_tokens)`.
+    /// `floor(total_tokens * (1 - val_fraction))`, for SFT rounded down to a document end.
+    pub train_tokens: u64,
+    /// `total_tokens - train_tokens`.
+    pub val_tokens: u64,
+    /// The requested validation fraction.
     pub val_fraction: f64,
+    /// SHA-256 of documents.bin.
+    pub documents_sha256: String,
+    /// SHA-256 of prompts.bin (SFT only).
+    pub prompts_sha256: Option<String>,
+    /// Prompt tokens over all SFT examples (0 for pretraining).
+    pub prompt_tokens: u64,
     /// The input files, in order.
     pub sources: Vec<SourceInfo>,
+    /// Invalid UTF-8 sequences replaced by U+FFFD (`--lossy`).
+    pub lossy_replacements: u64,
+    /// Empty documents skipped.
+    pub empty_documents: u64,
 }
 
 impl Meta {
     /// Reads and checks `dir/meta.json`.
     ///
     /// Errors: [`DataError::Io`] if it cannot be read, [`DataError::InvalidMeta`] (with the serde
-    /// error) if it does not parse, [`DataError::UnsupportedFormatVersion`], and
-    /// [`DataError::InconsistentMeta`] if tokenizer, vocab_size, eos_id and dtype disagree.
+    /// error) if it does not parse, [`DataError::UnsupportedFormatVersion`] for another
+    /// format_version (a format-1 directory: run `ember prepare` again), and
+    /// [`DataError::InconsistentMeta`] if counts, tokenizer, vocab_size, eos_id and dtype disagree.
     pub fn read(dir: &Path) -> Result<Meta, DataError> {
         let path = dir.join(META_FILE);
         let text = std::fs::read_to_string(&path)
             .map_err(|e| DataError::io("cannot read prepared-data metadata", &path, e))?;
-        // Check the version first so an old/new layout is reported as such, not as a field error.
+        // The version first, so an old/new layout is reported as such, not as a field error.
         #[derive(Deserialize)]
         struct Version {
             format_version: u32,
@@ -112,26 +158,40 @@ impl Meta {
     }
 
     /// Checks that the fields agree with each other; `path` is only used in the error.
-    fn check(&self, path: &Path) -> Result<(), DataError> {
+    pub fn check(&self, path: &Path) -> Result<(), DataError> {
         let bad = |reason: String| Err(DataError::InconsistentMeta { path: PathBuf::from(path), reason });
-        let tokenizer = crate::Tokenizer::from_spec(&self.tokenizer)
-            .map_err(|e| DataError::InconsistentMeta { path: path.into(), reason: e.to_string() })?;
-        if tokenizer.vocab_size() != self.vocab_size {
-            return bad(format!(
-                "vocab_size is {} but the tokenizer has {} ids",
-                self.vocab_size,
-                tokenizer.vocab_size()
-            ));
+        if let TokenizerSpec::Char { .. } = &self.tokenizer {
+            crate::Tokenizer::from_spec(&self.tokenizer)
+                .map_err(|e| DataError::InconsistentMeta { path: path.into(), reason: e.to_string() })?;
         }
-        if tokenizer.eos_id() != self.eos_id {
-            return bad(format!(
-                "eos_id is {} but the tokenizer's EOS id is {}",
-                self.eos_id,
-                tokenizer.eos_id()
-            ));
+        let (vocab, eos) = (self.tokenizer.vocab_size(), self.tokenizer.eos_id());
+        if vocab != self.vocab_size {
+            return bad(format!("vocab_size is {} but the tokenizer has {vocab} ids", self.vocab_size));
+        }
+        if eos != self.eos_id {
+            return bad(format!("eos_id is {} but the tokenizer's EOS id is {eos}", self.eos_id));
         }
         if self.dtype == TokenDtype::U16 && self.vocab_size > 1 << 16 {
             return bad(format!("dtype u16 cannot hold ids of a {}-token vocabulary", self.vocab_size));
+        }
+        let shard_sum: u64 = self.shards.iter().map(|s| s.tokens).sum();
+        if shard_sum != self.total_tokens {
+            return bad(format!(
+                "the shards hold {shard_sum} tokens but total_tokens is {}",
+                self.total_tokens
+            ));
+        }
+        if self.train_tokens + self.val_tokens != self.total_tokens {
+            return bad(format!(
+                "train_tokens {} + val_tokens {} != total_tokens {}",
+                self.train_tokens, self.val_tokens, self.total_tokens
+            ));
+        }
+        if (self.kind == DataKind::Sft) != self.prompts_sha256.is_some() {
+            return bad(format!(
+                "kind {:?} and prompts_sha256 {:?} disagree",
+                self.kind, self.prompts_sha256
+            ));
         }
         Ok(())
     }
@@ -148,28 +208,40 @@ impl Meta {
 mod tests {
     use super::*;
 
-    fn sample() -> Meta {
+    /// A consistent meta: "ab" with a char tokenizer, one document, one shard.
+    pub(crate) fn sample() -> Meta {
         Meta {
             format_version: FORMAT_VERSION,
+            kind: DataKind::Pretrain,
             tokenizer: TokenizerSpec::Char { chars: vec!['a', 'b'] },
             vocab_size: 3,
             eos_id: 2,
             dtype: TokenDtype::U16,
-            train_tokens: 9,
+            total_tokens: 3,
+            documents: 1,
+            shards: vec![ShardInfo { file: shard_file_name(0), tokens: 3, sha256: "00".into() }],
+            shard_tokens: 100,
+            train_tokens: 2,
             val_tokens: 1,
-            documents: 2,
             val_fraction: 0.1,
-            sources: vec![SourceInfo { path: "a.txt".into(), bytes: 4, sha256: "00".into() }],
+            documents_sha256: "00".into(),
+            prompts_sha256: None,
+            prompt_tokens: 0,
+            sources: vec![SourceInfo { path: "a.txt".into(), bytes: 2, sha256: "00".into() }],
+            lossy_replacements: 0,
+            empty_documents: 0,
         }
     }
 
     #[test]
-    fn dtype_widths() {
+    fn dtype_widths_and_names() {
         assert_eq!(TokenDtype::U16.bytes(), 2);
         assert_eq!(TokenDtype::U32.bytes(), 4);
         assert_eq!(TokenDtype::for_vocab(65536), TokenDtype::U16);
         assert_eq!(TokenDtype::for_vocab(65537), TokenDtype::U32);
         assert_eq!(serde_json::to_string(&TokenDtype::U32).unwrap(), "\"u32\"");
+        assert_eq!(serde_json::to_string(&DataKind::Sft).unwrap(), "\"sft\"");
+        assert_eq!(shard_file_name(12), "tokens-00012.bin");
     }
 
     #[test]
@@ -180,32 +252,40 @@ mod tests {
     }
 
     #[test]
-    fn rejects_other_format_version() {
+    fn format_version_1_says_to_prepare_again() {
         let dir = tempfile::tempdir().unwrap();
-        let mut m = sample();
-        m.format_version = 2;
-        std::fs::write(dir.path().join(META_FILE), m.to_json()).unwrap();
+        std::fs::write(dir.path().join(META_FILE), r#"{"format_version": 1, "train_tokens": 5}"#).unwrap();
         let err = Meta::read(dir.path()).unwrap_err();
-        assert!(matches!(err, DataError::UnsupportedFormatVersion { found: 2, expected: 1, .. }), "{err:?}");
+        assert!(matches!(err, DataError::UnsupportedFormatVersion { found: 1, expected: 2, .. }), "{err:?}");
+        assert!(err.to_string().contains("run `ember prepare` again"), "{err}");
     }
 
     #[test]
-    fn rejects_inconsistent_vocab() {
+    fn rejects_inconsistent_fields() {
         let dir = tempfile::tempdir().unwrap();
-        let mut m = sample();
-        m.vocab_size = 4;
-        std::fs::write(dir.path().join(META_FILE), m.to_json()).unwrap();
-        let err = Meta::read(dir.path()).unwrap_err();
-        assert!(matches!(err, DataError::InconsistentMeta { .. }), "{err:?}");
-        assert!(err.to_string().contains("vocab_size is 4"), "{err}");
+        type Case = (fn(&mut Meta), &'static str);
+        let cases: [Case; 4] = [
+            (|m| m.vocab_size = 4, "vocab_size is 4"),
+            (|m| m.total_tokens = 4, "the shards hold 3 tokens"),
+            (|m| m.val_tokens = 2, "train_tokens 2 + val_tokens 2 != total_tokens 3"),
+            (|m| m.kind = DataKind::Sft, "prompts_sha256"),
+        ];
+        for (edit, want) in cases {
+            let mut m = sample();
+            edit(&mut m);
+            std::fs::write(dir.path().join(META_FILE), m.to_json()).unwrap();
+            let err = Meta::read(dir.path()).unwrap_err();
+            assert!(matches!(err, DataError::InconsistentMeta { .. }), "{err:?}");
+            assert!(err.to_string().contains(want), "{err} lacks {want}");
+        }
     }
 
     #[test]
     fn missing_field_names_file_and_field() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join(META_FILE), r#"{"format_version": 1}"#).unwrap();
+        std::fs::write(dir.path().join(META_FILE), r#"{"format_version": 2}"#).unwrap();
         let msg = Meta::read(dir.path()).unwrap_err().to_string();
-        assert!(msg.contains(META_FILE) && msg.contains("tokenizer"), "{msg}");
+        assert!(msg.contains(META_FILE) && msg.contains("missing field"), "{msg}");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, TensorData};
-use burn_store::{ModuleAdapter, ModuleSnapshot, SafetensorsStore, TensorSnapshot};
+use burn_store::{ModuleAdapter, ModuleSnapshot, ModuleStore, SafetensorsStore, TensorSnapshot};
 
 use crate::lm::LanguageModel;
 
@@ -234,4 +234,23 @@ pub fn save<B: Backend>(model: &LanguageModel<B>, path: &Path) -> Result<(), HfE
         LanguageModel::Llama(m) => m.save_into(&mut store),
     }
     .map_err(store_err(path))
+}
+
+/// The vocabulary size of Hugging Face weights: the rows of their token embedding
+/// (`[transformer.]wte.weight` for GPT-2, `model.embed_tokens.weight` for Llama). Lets a caller
+/// build a model that fits a file (the published GPT-2 has 50257 rows; Ember's `gpt2` preset
+/// pads to 50304).
+///
+/// Errors: an unreadable file, or one without a token embedding.
+pub fn vocab_size(path: &Path) -> Result<usize, HfError> {
+    let mut store = SafetensorsStore::from_file(path);
+    for name in ["transformer.wte.weight", "wte.weight", "model.embed_tokens.weight"] {
+        if let Some(snapshot) = store.get_snapshot(name).map_err(store_err(path))? {
+            return Ok(snapshot.shape[0]);
+        }
+    }
+    Err(HfError::Store {
+        path: path.into(),
+        message: "no token embedding (transformer.wte.weight or model.embed_tokens.weight)".into(),
+    })
 }

@@ -49,7 +49,12 @@ impl<B: Backend> Packing<B> {
 
 /// Token positions `[batch or 1, seq_len]`: the packed documents' own positions, or else
 /// `start..start + seq_len` (after `start` cached positions) for every row.
-pub fn positions<B: Backend>(packing: Option<&Packing<B>>, start: usize, seq_len: usize, device: &B::Device) -> Tensor<B, 2, Int> {
+pub fn positions<B: Backend>(
+    packing: Option<&Packing<B>>,
+    start: usize,
+    seq_len: usize,
+    device: &B::Device,
+) -> Tensor<B, 2, Int> {
     match packing {
         Some(packing) => packing.positions.clone(),
         None => Tensor::<B, 1, Int>::arange(start as i64..(start + seq_len) as i64, device).unsqueeze::<2>(),

@@ -396,6 +396,19 @@ mod hf_weights {
     }
 
     #[test]
+    fn the_vocabulary_size_is_read_from_the_file() {
+        let _seed = seeded(26);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v70.safetensors");
+        let config = GptConfig { vocab_size: 70, ..GptConfig::preset("tiny").unwrap() };
+        hf::save(&model(ModelConfig::Gpt2(config)), &path).unwrap();
+        assert_eq!(hf::vocab_size(&path).unwrap(), 70);
+        let llama = dir.path().join("llama.safetensors");
+        hf::save(&model(ModelConfig::Llama(LlamaConfig::preset("llama-tiny").unwrap())), &llama).unwrap();
+        assert_eq!(hf::vocab_size(&llama).unwrap(), 64);
+    }
+
+    #[test]
     fn a_missing_file_is_an_error() {
         let err = hf::load(model(gpt_tiny()), Path::new("/no/such/model.safetensors")).unwrap_err();
         assert!(err.to_string().contains("/no/such/model.safetensors"), "{err}");
@@ -443,8 +456,10 @@ mod packing {
             let alone_a = model.forward(tokens(&[&row[..5]]));
             let v = packed.dims()[2];
             let part = |t: Tensor<B, 3>, r: std::ops::Range<usize>| t.slice([0..1, r, 0..v]).into_data();
-            part(packed.clone(), 5..9).assert_approx_eq::<f32>(&alone_b.into_data(), Tolerance::absolute(1e-5));
-            part(packed.clone(), 0..5).assert_approx_eq::<f32>(&alone_a.into_data(), Tolerance::absolute(1e-5));
+            part(packed.clone(), 5..9)
+                .assert_approx_eq::<f32>(&alone_b.into_data(), Tolerance::absolute(1e-5));
+            part(packed.clone(), 0..5)
+                .assert_approx_eq::<f32>(&alone_a.into_data(), Tolerance::absolute(1e-5));
             // Without packing, B would see A: its logits differ.
             let unpacked = model.forward(tokens(&[&row]));
             assert_ne!(part(unpacked, 5..9), part(packed, 5..9));

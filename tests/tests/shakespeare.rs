@@ -29,13 +29,9 @@ fn char_model_on_tiny_shakespeare_learns_like_the_reference() {
     };
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("shakespeare_char");
-    let summary = prepare(&PrepareOptions {
-        tokenizer: TokenizerKind::Char,
-        inputs: vec![corpus],
-        out: data.clone(),
-        val_fraction: 0.1,
-    })
-    .unwrap();
+    let mut options = PrepareOptions::new(TokenizerKind::Char, vec![corpus], data.clone());
+    options.progress = false;
+    let summary = prepare(&options).unwrap();
     assert_eq!(summary.meta.vocab_size, 66, "65 characters + end-of-text");
 
     let config_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/shakespeare_char.toml");
@@ -52,6 +48,6 @@ fn char_model_on_tiny_shakespeare_learns_like_the_reference() {
         train::<Autodiff<Flex>>(options, Default::default(), &mut |l| lines.push(l.to_string())).unwrap();
     let val = summary.final_val_loss.unwrap();
     // The initial loss is ≈ ln 66 = 4.19; the PyTorch reference reaches 2.43 at step 250.
-    assert!(lines[3].contains("eval      0 | val loss 4.2"), "{}", lines.join("\n"));
+    assert!(lines.iter().any(|l| l.contains("eval      0 | val loss 4.2")), "{}", lines.join("\n"));
     assert!(val < 2.65, "val loss after 150 steps: {val}\n{}", lines.join("\n"));
 }

@@ -16,7 +16,7 @@ use crate::fsutil::write_atomic;
 use crate::optim::AdamWGroups;
 
 /// Layout version of a checkpoint directory.
-pub const CHECKPOINT_VERSION: u32 = 1;
+pub const CHECKPOINT_VERSION: u32 = 2;
 
 /// Everything besides tensors that a run needs to continue exactly.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -30,11 +30,11 @@ pub struct TrainState {
     /// Wall-clock seconds spent so far (all sessions of the run).
     pub elapsed_s: f64,
     /// The run's seed. Every random draw is a pure function of it: initial weights, the
-    /// windows of step `s` (`seed`, split, `s`, micro-step, rank), and step `s`'s dropout
-    /// (the backend is re-seeded with `mix(seed, s)` before it).
+    /// epoch permutations of the data (`seed`, epoch), and step `s`'s dropout (the backend is
+    /// re-seeded with `mix(seed, s)` before it).
     pub seed: u64,
-    /// Where the data stream continues: the next optimizer step whose batches are drawn.
-    pub next_data_step: u64,
+    /// Where the data continues: the epoch and the batches of it already consumed.
+    pub sampler: ember_data::SamplerState,
     /// Token counts of the prepared data the run was trained on, checked on resume.
     pub data_tokens: (u64, u64),
 }

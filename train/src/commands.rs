@@ -3,7 +3,9 @@
 use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::AutodiffBackend;
-use ember_data::{Split, WindowSampler};
+use std::sync::Arc;
+
+use ember_data::{DataView, Split};
 
 use crate::backend::{run_on, BackendTask};
 use crate::config::BackendKind;
@@ -58,10 +60,11 @@ pub fn eval_run(
         fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<EvalReport, TrainError> {
             let model = self.trained.load_model::<B::InnerBackend>(&device)?;
             let config = &self.trained.config;
-            let data = self.trained.data()?;
-            let sampler = WindowSampler::new(config.seed, config.model.block_size());
-            let loss = |split| {
-                evaluate(&model, &data, split, &sampler, self.batches, config.micro_batch_size, &device)
+            let data = Arc::new(self.trained.data()?);
+            let loss = |split| -> Result<f64, TrainError> {
+                let view =
+                    DataView::new(data.clone(), split, config.model.block_size(), config.document_masking)?;
+                evaluate(&model, &view, config.seed, self.batches, config.micro_batch_size, &device)
             };
             let step = self.trained.step()?;
             Ok(EvalReport {
@@ -120,11 +123,13 @@ impl std::str::FromStr for ExportFormat {
     }
 }
 
-/// Writes the latest checkpoint of `run_dir` to `out` in `format` (CPU; no GPU needed).
+/// Writes the latest checkpoint of `run_dir` to `out` in `format` (CPU; no GPU needed), and
+/// the matching Hugging Face `config.json` beside it (so `from_pretrained(dir)` works).
+/// Returns the paths written.
 ///
 /// Errors: a format of another architecture than the run's; no checkpoint; an unwritable
 /// `out`.
-pub fn export_run(run_dir: &Path, format: ExportFormat, out: &Path) -> Result<PathBuf, TrainError> {
+pub fn export_run(run_dir: &Path, format: ExportFormat, out: &Path) -> Result<Vec<PathBuf>, TrainError> {
     let trained = Trained::open(Source::Run(run_dir.into()))?;
     let arch = trained.config.model.arch();
     let wanted = match format {
@@ -139,5 +144,50 @@ pub fn export_run(run_dir: &Path, format: ExportFormat, out: &Path) -> Result<Pa
     }
     let model = trained.load_model::<burn::backend::Flex>(&Default::default())?;
     ember_model::hf::save(&model, out)?;
-    Ok(out.into())
+    let config_json = out.with_file_name("config.json");
+    let text = serde_json::to_string_pretty(&hf_config(&trained.config.model)).expect("JSON");
+    crate::fsutil::write_atomic(&config_json, text.as_bytes())?;
+    Ok(vec![out.into(), config_json])
+}
+
+/// The Hugging Face `config.json` of a model (`GPT2Config` / `LlamaConfig` field names).
+/// A GPT-2 without biases has no Hugging Face equivalent (`GPT2LMHeadModel` always has them).
+pub fn hf_config(config: &ember_model::ModelConfig) -> serde_json::Value {
+    match config {
+        ember_model::ModelConfig::Gpt2(c) => serde_json::json!({
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "vocab_size": c.vocab_size,
+            "n_positions": c.block_size,
+            "n_ctx": c.block_size,
+            "n_embd": c.d_model,
+            "n_layer": c.n_layer,
+            "n_head": c.n_head,
+            "activation_function": if c.gelu == ember_model::GeluKind::Erf { "gelu" } else { "gelu_new" },
+            "layer_norm_epsilon": c.layer_norm_eps,
+            "resid_pdrop": c.dropout,
+            "embd_pdrop": c.dropout,
+            "attn_pdrop": c.dropout,
+            "tie_word_embeddings": c.tie_embeddings,
+            "torch_dtype": "float32",
+        }),
+        ember_model::ModelConfig::Llama(c) => serde_json::json!({
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": c.vocab_size,
+            "hidden_size": c.d_model,
+            "intermediate_size": c.d_ff,
+            "num_hidden_layers": c.n_layer,
+            "num_attention_heads": c.n_head,
+            "num_key_value_heads": c.n_kv_head,
+            "max_position_embeddings": c.block_size,
+            "rope_theta": c.rope_theta,
+            "rms_norm_eps": c.rms_norm_eps,
+            "tie_word_embeddings": c.tie_embeddings,
+            "hidden_act": "silu",
+            "attention_bias": false,
+            "mlp_bias": false,
+            "torch_dtype": "float32",
+        }),
+    }
 }

@@ -67,9 +67,12 @@ pub struct RunConfig {
     /// into `RUN_DIR/data` with `tokenizer`. `--data` overrides it.
     #[serde(default)]
     pub data: Option<PathBuf>,
-    /// Tokenizer used when `data` is a text file: `"char"` or `"gpt2"`.
-    #[serde(default = "defaults::tokenizer")]
-    pub tokenizer: String,
+    /// Tokenizer (`char`, `byte`, `gpt2`, `cl100k`, `o200k`): the one that prepares `data` when
+    /// it is a text file (default `char`), and, when given, the one prepared data must have
+    /// been made with (a mismatch is an error). With `init_from` and no data, `gpt2` lets
+    /// `ember sample --config` encode prompts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<String>,
     /// Seed of everything random: initial weights, the batches of each step, dropout.
     #[serde(default = "defaults::seed")]
     pub seed: u64,
@@ -95,6 +98,13 @@ pub struct RunConfig {
     /// Print a log line and append a `metrics.jsonl` record every N optimizer steps.
     #[serde(default = "defaults::one_u64")]
     pub log_every: u64,
+    /// Restrict attention to each row's own documents (block-diagonal causal mask, positions
+    /// restarting at every document) instead of letting packed documents see each other.
+    #[serde(default)]
+    pub document_masking: bool,
+    /// Optimizer steps of batches built ahead on a background thread.
+    #[serde(default = "defaults::prefetch_depth")]
+    pub prefetch_depth: usize,
     /// Backend: `"flex"` (CPU) or `"cuda"`.
     #[serde(default)]
     pub backend: BackendKind,
@@ -119,9 +129,6 @@ pub struct RunConfig {
 }
 
 mod defaults {
-    pub fn tokenizer() -> String {
-        "char".into()
-    }
     pub fn seed() -> u64 {
         1337
     }
@@ -136,6 +143,9 @@ mod defaults {
     }
     pub fn eval_batches() -> usize {
         20
+    }
+    pub fn prefetch_depth() -> usize {
+        2
     }
     pub fn keep_checkpoints() -> usize {
         2
@@ -264,6 +274,18 @@ impl RunConfig {
         Ok(())
     }
 
+    /// With `init_from` and no explicit `model.vocab_size`, the model takes the weights'
+    /// vocabulary (the published GPT-2 has 50257 rows, while the `gpt2` preset pads to 50304).
+    /// Call before [`RunConfig::resolve_vocab`].
+    ///
+    /// Errors: the weights cannot be read.
+    pub fn adopt_weights_vocab(&mut self) -> Result<(), ember_model::hf::HfError> {
+        if let (Some(path), VOCAB_FROM_DATA) = (&self.init_from, self.model.vocab_size()) {
+            self.model.set_vocab_size(ember_model::hf::vocab_size(path)?);
+        }
+        Ok(())
+    }
+
     /// Sequences per optimizer step: `micro_batch_size · accumulation_steps · world_size`.
     pub fn sequences_per_step(&self, world_size: usize) -> usize {
         self.micro_batch_size * self.accumulation_steps * world_size
@@ -297,8 +319,9 @@ impl RunConfig {
         positive("eval_batches", self.eval_batches as u64)?;
         positive("log_every", self.log_every)?;
         positive("keep_checkpoints", self.keep_checkpoints as u64)?;
-        if !matches!(self.tokenizer.as_str(), "char" | "gpt2") {
-            return Err(("tokenizer", format!("expected \"char\" or \"gpt2\", got {:?}", self.tokenizer)));
+        positive("prefetch_depth", self.prefetch_depth as u64)?;
+        if let Some(Err(e)) = self.tokenizer.as_deref().map(str::parse::<ember_data::TokenizerKind>) {
+            return Err(("tokenizer", e.to_string()));
         }
         let o = &self.optimizer;
         let finite_pos = |key, v: f64| {

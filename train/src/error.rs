@@ -56,6 +56,9 @@ pub enum TrainError {
     /// Hugging Face weights could not be read, written, or do not fit the model.
     #[error(transparent)]
     Weights(#[from] ember_model::hf::HfError),
+    /// The background batch builder failed.
+    #[error("data feed: {0}")]
+    Feed(String),
     /// The requested backend is unavailable.
     #[error("backend: {0}")]
     Backend(String),

@@ -2,39 +2,34 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Tensor};
-use ember_data::{PreparedData, Split, WindowSampler};
+use ember_data::{DataView, EpochSampler, SamplerState};
 use ember_model::LanguageModel;
 
-use crate::batch::to_tensors;
 use crate::error::TrainError;
-use crate::loss::nll_sum;
+use crate::step::batch_nll;
 
-/// Evaluation batch `k` is drawn as if it were step `EVAL_STEP_BASE + k`, a range training
-/// never reaches, so train-split evaluation never reuses a training batch and every
-/// evaluation of a run sees the same batches (curves compare like with like).
-pub const EVAL_STEP_BASE: u64 = 1 << 62;
-
-/// Mean NLL in nats/token over `batches` batches of `batch_size` windows of `split`:
-/// Σ NLL over all scored targets ÷ their number. Pass an inner-backend model
-/// (`AutodiffModule::valid`) so no graph is recorded and dropout is off.
+/// Mean NLL in nats/token over `batches` batches of `batch_size` rows of `view`: Σ NLL over
+/// all scored targets ÷ their number. The batches are the first of `seed`'s epoch-0 order, so
+/// every evaluation of a run sees the same rows (curves compare like with like). Pass an
+/// inner-backend model (`AutodiffModule::valid`) so no graph is recorded and dropout is off.
 ///
-/// Errors: the split holds fewer than `block_size + 1` tokens.
+/// Errors: the split has fewer rows than `batch_size`.
 pub fn evaluate<B: Backend>(
     model: &LanguageModel<B>,
-    data: &PreparedData,
-    split: Split,
-    sampler: &WindowSampler,
+    view: &DataView,
+    seed: u64,
     batches: usize,
     batch_size: usize,
     device: &B::Device,
 ) -> Result<f64, TrainError> {
+    let mut sampler = EpochSampler::new(seed, view.len(), 0, 1, batch_size)?;
+    let mut state = SamplerState::default();
     let mut nll: Option<Tensor<B, 1>> = None;
     let mut tokens = 0usize;
-    for k in 0..batches as u64 {
-        let batch = sampler.batch(data.stream(split), split, EVAL_STEP_BASE + k, 0, 0, batch_size)?;
+    for _ in 0..batches {
+        let batch = view.batch(&sampler.next(&mut state)?)?;
         tokens += batch.scored_tokens();
-        let (inputs, targets) = to_tensors::<B>(&batch, device);
-        let sum = nll_sum(model.forward(inputs), targets);
+        let sum = batch_nll(model, &batch, device);
         nll = Some(match nll {
             Some(total) => total + sum,
             None => sum,

@@ -15,6 +15,7 @@ pub mod commands;
 pub mod config;
 pub mod error;
 pub mod eval;
+pub mod feed;
 pub mod fsutil;
 pub mod loss;
 pub mod metrics;

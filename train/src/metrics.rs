@@ -25,6 +25,10 @@ pub struct TrainRecord {
     /// Training throughput since the previous record: tokens / second of step time
     /// (evaluation and checkpoint time excluded).
     pub tokens_per_sec: f64,
+    /// Share of the step time since the previous record spent waiting for batches (0–1);
+    /// near 0 when the background feed keeps up.
+    #[serde(default)]
+    pub data_wait_frac: f64,
     /// Tokens consumed by the run so far.
     pub tokens: u64,
     /// Wall-clock seconds since the run started (summed across resumes).
@@ -75,13 +79,14 @@ impl fmt::Display for TrainRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "step {:>6} | loss {:.4} | ppl {:>8.2} | lr {:.3e} | grad norm {:.4} | {:>8.0} tok/s | {:>7.1} s",
+            "step {:>6} | loss {:.4} | ppl {:>8.2} | lr {:.3e} | grad norm {:.4} | {:>8.0} tok/s | data {:>4.1}% | {:>7.1} s",
             self.step,
             self.loss,
             self.perplexity,
             self.lr,
             self.grad_norm,
             self.tokens_per_sec,
+            100.0 * self.data_wait_frac,
             self.elapsed_s
         )
     }
@@ -161,6 +166,7 @@ mod tests {
             lr: 1e-3,
             grad_norm: 0.5,
             tokens_per_sec: 1000.0,
+            data_wait_frac: 0.001,
             tokens: step * 10,
             elapsed_s: step as f64,
         })

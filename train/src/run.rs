@@ -5,18 +5,20 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ElementConversion;
-use ember_data::{PrepareOptions, PreparedData, Split, TokenizerKind, WindowSampler};
+use ember_data::{PrepareOptions, PreparedData, SamplerState, TokenizerKind};
 use ember_model::LanguageModel;
 
 use crate::checkpoint::{self, TrainState, CHECKPOINT_VERSION};
 use crate::config::{ConfigError, RunConfig};
 use crate::error::TrainError;
 use crate::eval::evaluate;
+use crate::feed::Feed;
 use crate::fsutil::write_atomic;
 use crate::metrics::{self, EvalRecord, MetricsLog, Record, TrainRecord};
 use crate::optim::AdamWGroups;
@@ -84,19 +86,27 @@ pub fn open_data(config: &mut RunConfig, run_dir: &Path) -> Result<PreparedData,
     let dir = if given.is_file() {
         let out = run_dir.join("data");
         if !out.join("meta.json").exists() {
-            let tokenizer: TokenizerKind = config.tokenizer.parse()?;
-            ember_data::prepare(&PrepareOptions {
-                tokenizer,
-                inputs: vec![given],
-                out: out.clone(),
-                val_fraction: 0.1,
-            })?;
+            let tokenizer: TokenizerKind = config.tokenizer.as_deref().unwrap_or("char").parse()?;
+            let mut options = PrepareOptions::new(tokenizer, vec![given], out.clone());
+            options.progress = false;
+            ember_data::prepare(&options)?;
         }
         out
     } else {
         given
     };
     let data = PreparedData::open(&dir)?;
+    if let Some(wanted) = &config.tokenizer {
+        let kind = data.meta.tokenizer.kind();
+        if kind != wanted.parse::<TokenizerKind>()? {
+            return Err(ConfigError::Key {
+                path: dir.join(ember_data::META_FILE),
+                key: "tokenizer".into(),
+                message: format!("the config asks for {wanted:?} but the data was prepared with \"{kind}\""),
+            }
+            .into());
+        }
+    }
     config.data = Some(fs::canonicalize(&dir).map_err(TrainError::io(&dir))?);
     Ok(data)
 }
@@ -118,6 +128,7 @@ pub fn train<B: AutodiffBackend>(
         ensure_fresh(&run_dir, log)?;
     }
     let data = open_data(&mut config, &run_dir)?;
+    config.adopt_weights_vocab()?;
     config.resolve_vocab(data.meta.vocab_size).map_err(|(key, message)| ConfigError::Key {
         path: run_dir.join(files::CONFIG),
         key,
@@ -132,14 +143,14 @@ pub fn train<B: AutodiffBackend>(
     B::seed(&device, config.seed);
     let mut model: LanguageModel<B> = config.model.init(&device).map_err(model_err)?;
     let mut optimizer = AdamWGroups::new(&config.optimizer, &model);
-    let data_tokens = (data.meta.train_tokens, data.meta.val_tokens);
+    let data_tokens = (data.meta.train_tokens, data.meta.total_tokens - data.meta.train_tokens);
     let mut state = TrainState {
         version: CHECKPOINT_VERSION,
         step: 0,
         tokens: 0,
         elapsed_s: 0.0,
         seed: config.seed,
-        next_data_step: 1,
+        sampler: SamplerState::default(),
         data_tokens,
     };
     if let (Some(path), false) = (&config.init_from, resume) {
@@ -150,6 +161,7 @@ pub fn train<B: AutodiffBackend>(
         let dir = checkpoint::latest(&run_dir)?;
         state = checkpoint::load_state(&dir)?;
         check_resumable(&config, &state, &dir, data_tokens)?;
+        check_same_tokenizer(&run_dir, &data.meta)?;
         if config.max_steps <= state.step {
             return Err(ConfigError::Key {
                 path: run_dir.join(files::CONFIG),
@@ -169,6 +181,12 @@ pub fn train<B: AutodiffBackend>(
     write_atomic(&run_dir.join(files::CONFIG), config.to_toml().as_bytes())?;
     let meta_json = serde_json::to_vec_pretty(&data.meta).expect("meta serializes");
     write_atomic(&run_dir.join(files::DATA_META), &meta_json)?;
+    let hf_tokenizer = data.dir.join(ember_data::HF_TOKENIZER_FILE);
+    if hf_tokenizer.exists() {
+        // Sampling from the run needs the Hugging Face tokenizer beside its data_meta.json.
+        let bytes = fs::read(&hf_tokenizer).map_err(TrainError::io(&hf_tokenizer))?;
+        write_atomic(&run_dir.join(ember_data::HF_TOKENIZER_FILE), &bytes)?;
+    }
 
     let tokens_per_step = config.tokens_per_step(1) as u64;
     log(&format!(
@@ -200,44 +218,43 @@ pub fn train<B: AutodiffBackend>(
         warmup_steps: o.warmup_steps,
         decay_steps: o.lr_decay_steps.unwrap_or(config.max_steps),
     };
-    let sampler = WindowSampler::new(config.seed, config.model.block_size());
+    let (mut feed, val) = Feed::start(Arc::new(data), &config, state.sampler)?;
+    log(&feed.description);
     let mut metrics_log = MetricsLog::open(&run_dir.join(files::METRICS))?;
     let elapsed = |state: &TrainState| state.elapsed_s + session.elapsed().as_secs_f64();
     let mut final_val_loss = None;
-    let val_loss = |model: &LanguageModel<B>| {
-        evaluate(
-            &model.valid(),
-            &data,
-            Split::Val,
-            &sampler,
-            config.eval_batches,
-            config.micro_batch_size,
-            &device,
-        )
+    let val_loss = |model: &LanguageModel<B>, val| {
+        evaluate(&model.valid(), val, config.seed, config.eval_batches, config.micro_batch_size, &device)
     };
     if state.step == 0 && config.eval_every > 0 {
-        let record = EvalRecord::new(0, val_loss(&model)?, elapsed(&state));
+        let record = EvalRecord::new(0, val_loss(&model, &val)?, elapsed(&state));
         final_val_loss = Some(record.val_loss);
         log(&record.to_string());
         metrics_log.write(&Record::Eval(record))?;
     }
 
-    let (mut interval_tokens, mut interval_s) = (0u64, 0.0f64);
+    let (mut interval_tokens, mut interval_s, mut interval_wait) = (0u64, 0.0f64, Duration::ZERO);
     let (mut session_tokens, mut session_step_s) = (0u64, 0.0f64);
     let mut stopped_early = false;
     let start_step = state.step;
     for step in start_step + 1..=config.max_steps {
         let started = Instant::now();
-        let micro_batches = (0..config.accumulation_steps as u32)
-            .map(|micro| sampler.batch(&data.train, Split::Train, step, micro, 0, config.micro_batch_size))
-            .collect::<Result<Vec<_>, _>>()?;
+        // 1. Data: this step's micro-batches, built ahead on the feed's thread.
+        let (data, data_wait) = feed.next()?;
         B::seed(&device, step_seed(config.seed, step));
         let lr = schedule.lr(step);
-        let (next, out) =
-            train_step(model, &mut optimizer, &micro_batches, step, lr, config.optimizer.grad_clip, &device)?;
+        let (next, out) = train_step(
+            model,
+            &mut optimizer,
+            &data.micro_batches,
+            step,
+            lr,
+            config.optimizer.grad_clip,
+            &device,
+        )?;
         model = next;
         state.step = step;
-        state.next_data_step = step + 1;
+        state.sampler = data.state;
         state.tokens += out.scored_tokens as u64;
 
         let stop_now = stop.load(Ordering::SeqCst);
@@ -250,6 +267,7 @@ pub fn train<B: AutodiffBackend>(
         });
         let step_s = started.elapsed().as_secs_f64();
         interval_s += step_s;
+        interval_wait += data_wait;
         interval_tokens += out.scored_tokens as u64;
         session_step_s += step_s;
         session_tokens += out.scored_tokens as u64;
@@ -266,16 +284,17 @@ pub fn train<B: AutodiffBackend>(
                 lr,
                 grad_norm,
                 tokens_per_sec: interval_tokens as f64 / interval_s.max(1e-9),
+                data_wait_frac: interval_wait.as_secs_f64() / interval_s.max(1e-9),
                 tokens: state.tokens,
                 elapsed_s: elapsed(&state),
             };
             log(&record.to_string());
             metrics_log.write(&Record::Train(record))?;
-            (interval_tokens, interval_s) = (0, 0.0);
+            (interval_tokens, interval_s, interval_wait) = (0, 0.0, Duration::ZERO);
         }
         let due = |every: u64| every > 0 && step % every == 0;
         if due(config.eval_every) || last {
-            let record = EvalRecord::new(step, val_loss(&model)?, elapsed(&state));
+            let record = EvalRecord::new(step, val_loss(&model, &val)?, elapsed(&state));
             final_val_loss = Some(record.val_loss);
             log(&record.to_string());
             metrics_log.write(&Record::Eval(record))?;
@@ -319,6 +338,27 @@ fn ensure_fresh(run_dir: &Path, log: &mut dyn FnMut(&str)) -> Result<(), TrainEr
             "{} held a run that stopped before its first checkpoint: starting over",
             run_dir.display()
         ));
+    }
+    Ok(())
+}
+
+/// The data of a resumed run must be tokenized as the run's was.
+fn check_same_tokenizer(run_dir: &Path, meta: &ember_data::Meta) -> Result<(), TrainError> {
+    let path = run_dir.join(files::DATA_META);
+    let bytes = fs::read(&path).map_err(TrainError::io(&path))?;
+    let saved: ember_data::Meta = serde_json::from_slice(&bytes).map_err(|e| TrainError::Checkpoint {
+        path: path.clone(),
+        message: format!("invalid data metadata: {e}"),
+    })?;
+    if saved.tokenizer != meta.tokenizer {
+        return Err(TrainError::Checkpoint {
+            path,
+            message: format!(
+                "the data's tokenizer ({}) is not the run's ({}): a run continues on data tokenized the same way",
+                meta.tokenizer.kind(),
+                saved.tokenizer.kind()
+            ),
+        });
     }
     Ok(())
 }

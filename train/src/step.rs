@@ -1,10 +1,10 @@
 //! `train_step`: one optimizer step, the six steps of the training iteration in order.
 
 use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::Tensor;
 use ember_data::Batch;
-use ember_model::LanguageModel;
+use ember_model::{LanguageModel, Packing};
 
 use crate::batch::to_tensors;
 use crate::error::TrainError;
@@ -45,11 +45,10 @@ pub fn forward_backward<B: AutodiffBackend>(
     let mut accumulator = GradientsAccumulator::new();
     let mut loss_sum: Option<Tensor<B::InnerBackend, 1>> = None;
     for batch in micro_batches {
-        let (inputs, targets) = to_tensors::<B>(batch, device);
-        // 2. Forward: logits for every position (teacher forcing), [B, T, V].
-        let logits = model.forward(inputs);
+        // 2. Forward: logits for every position (teacher forcing), [B, T, V]; rows that pack
+        //    several documents attend within each document only when masking is on.
         // 3. Loss: this micro-batch's Σ NLL over its scored targets ÷ the global count.
-        let loss = nll_sum(logits, targets) / scored_tokens as f64;
+        let loss = batch_nll(model, batch, device) / scored_tokens as f64;
         // 4. Backward; Burn's accumulator sums the micro-steps' gradients, which is right
         //    because each loss is already divided by the global token count.
         let grads = GradientsParams::from_grads(loss.backward(), model);
@@ -87,4 +86,18 @@ pub fn train_step<B: AutodiffBackend>(
     let grad_norm = clip_grad_norm(&model, &mut grads, grad_clip);
     let model = optimizer.step(lr, model, grads);
     Ok((model, StepOutput { loss, grad_norm, scored_tokens }))
+}
+
+/// Σ NLL (nats) over the scored targets of `batch`: forward (with document masking when the
+/// batch carries segments) and [`nll_sum`]. A `[1]` tensor.
+pub fn batch_nll<B: Backend>(model: &LanguageModel<B>, batch: &Batch, device: &B::Device) -> Tensor<B, 1> {
+    let (inputs, targets) = to_tensors::<B>(batch, device);
+    let logits = match &batch.segments {
+        Some(segments) => {
+            let packing = Packing::from_segments(segments, batch.batch_size, batch.seq_len, device);
+            model.forward_packed(inputs, &packing)
+        }
+        None => model.forward(inputs),
+    };
+    nll_sum(logits, targets)
 }

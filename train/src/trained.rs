@@ -74,6 +74,7 @@ impl Trained {
                     Some(dir) if dir.join(ember_data::META_FILE).exists() => Some(Meta::read(dir)?),
                     _ => None,
                 };
+                config.adopt_weights_vocab()?;
                 let data_vocab = meta.as_ref().map_or(0, |m| m.vocab_size);
                 config.resolve_vocab(data_vocab).map_err(|(k, m)| key_err(&k, m))?;
                 if config.model.vocab_size() == 0 {
@@ -92,8 +93,16 @@ impl Trained {
     ///
     /// Errors: a char model without its prepared data (its vocabulary lives there).
     pub fn tokenizer(&self) -> Result<Tokenizer, TrainError> {
-        match (&self.meta, self.config.tokenizer.as_str()) {
-            (Some(meta), _) => Ok(Tokenizer::from_spec(&meta.tokenizer)?),
+        match (&self.meta, self.config.tokenizer.as_deref().unwrap_or("char")) {
+            (Some(meta), _) => {
+                // A Hugging Face tokenizer.json sits beside the metadata: in the run directory
+                // (copied at training time) or in the prepared data.
+                let dir = match &self.source {
+                    Source::Run(dir) => dir.clone(),
+                    Source::Config(_) => self.config.data.clone().unwrap_or_default(),
+                };
+                Ok(Tokenizer::from_spec_in(&meta.tokenizer, &dir)?)
+            }
             (None, "gpt2") => Ok(Tokenizer::gpt2()),
             (None, other) => Err(TrainError::Sample(format!(
                 "no tokenizer: a {other:?} tokenizer's vocabulary comes from the prepared data; set `data` to it"

@@ -233,7 +233,13 @@ impl Fixture {
         };
         let (inputs, targets) = (matrix("input_ids")?, matrix("targets")?);
         let seq_len = inputs.first().map_or(0, Vec::len);
-        let mut batch = Batch { batch_size: rows.len(), seq_len, inputs: Vec::new(), targets: Vec::new() };
+        let mut batch = Batch {
+            batch_size: rows.len(),
+            seq_len,
+            inputs: Vec::new(),
+            targets: Vec::new(),
+            segments: None,
+        };
         for &r in rows {
             let (Some(i), Some(t)) = (inputs.get(r), targets.get(r)) else {
                 return Err(self.bad("batch.json", "/micro_batches", "sequence indices within input_ids"));
@@ -274,6 +280,13 @@ impl Fixture {
             grad_clip: self.num("expected.json", "/optimizer/grad_clip/max_norm")?,
             ..OptimizerConfig::default()
         };
+        if config.grad_clip <= 0.0 {
+            return Err(self.bad(
+                "expected.json",
+                "/optimizer/grad_clip/max_norm",
+                "positive (PyTorch's clip_grad_norm_ with max_norm 0 zeroes every gradient, while Ember's grad_clip 0 turns clipping off: the runs would not be comparable)",
+            ));
+        }
         let lr = self.num("expected.json", "/optimizer/lr")?;
         let steps = self.num("expected.json", "/train_full_batch/steps")? as usize;
         Ok((config, lr, steps))
@@ -389,8 +402,14 @@ pub fn verify<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Repo
 fn describe(config: &ModelConfig) -> String {
     match config {
         ModelConfig::Gpt2(c) => format!(
-            "gpt2: {} layers, {} heads, d_model {}, vocab {}, context {}, bias {}, gelu {:?}",
-            c.n_layer, c.n_head, c.d_model, c.vocab_size, c.block_size, c.bias, c.gelu
+            "gpt2: {} layers, {} heads, d_model {}, vocab {}, context {}, bias {}, gelu {}",
+            c.n_layer,
+            c.n_head,
+            c.d_model,
+            c.vocab_size,
+            c.block_size,
+            c.bias,
+            if c.gelu == GeluKind::Erf { "erf" } else { "tanh" }
         ),
         ModelConfig::Llama(c) => format!(
             "llama: {} layers, {}/{} heads, d_model {}, d_ff {}, vocab {}, context {}, tied {}",

@@ -31,6 +31,7 @@ pub fn batch(rows: &[(&[u32], &[i32])]) -> Batch {
         seq_len,
         inputs: rows.iter().flat_map(|r| r.0.iter().copied()).collect(),
         targets: rows.iter().flat_map(|r| r.1.iter().copied()).collect(),
+        segments: None,
     }
 }
 
@@ -67,13 +68,9 @@ pub fn prepared_corpus(dir: &Path) -> PathBuf {
     let input = dir.join("corpus.txt");
     std::fs::write(&input, text).unwrap();
     let out = dir.join("data");
-    prepare(&PrepareOptions {
-        tokenizer: TokenizerKind::Char,
-        inputs: vec![input],
-        out: out.clone(),
-        val_fraction: 0.1,
-    })
-    .unwrap();
+    let mut options = PrepareOptions::new(TokenizerKind::Char, vec![input], out.clone());
+    options.progress = false;
+    prepare(&options).unwrap();
     out
 }
 

@@ -31,7 +31,7 @@ fn fresh_model_loss_is_ln_vocab() {
     // 4 rows of 16 tokens spread over the vocabulary of 64.
     let inputs: Vec<u32> = (0..64u32).map(|i| (i * 37 + 11) % 64).collect();
     let targets: Vec<i32> = (0..64i32).map(|i| (i * 23 + 5) % 64).collect();
-    let batch = ember_data::Batch { batch_size: 4, seq_len: 16, inputs, targets };
+    let batch = ember_data::Batch { batch_size: 4, seq_len: 16, inputs, targets, segments: None };
     let (_, loss, scored) = forward_backward(&model, &[batch], 1, &Default::default()).unwrap();
     assert_eq!(scored, 64);
     let loss = loss_of(&loss);

@@ -8,9 +8,9 @@ use burn::tensor::{Int, Tensor};
 use super::block::{layer_norm, Block};
 use super::config::GptConfig;
 use crate::attention::{first_position, KvCache, LayerCache};
-use crate::packing::{positions, Packing};
 use crate::error::ConfigError;
 use crate::init;
+use crate::packing::{positions, Packing};
 
 /// A GPT-2-style decoder-only Transformer (Radford et al. 2019; nanoGPT `model.py`).
 ///

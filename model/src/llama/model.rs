@@ -9,9 +9,9 @@ use super::block::{rms_norm, LlamaLayer};
 use super::config::LlamaConfig;
 use super::rope::rope_tables;
 use crate::attention::{first_position, KvCache, LayerCache};
-use crate::packing::{positions, Packing};
 use crate::error::ConfigError;
 use crate::init;
+use crate::packing::{positions, Packing};
 
 /// The body of a Llama model (Hugging Face `LlamaModel`, saved under `model.`).
 #[derive(Module, Debug)]

@@ -8,11 +8,14 @@ use burn::tensor::{Int, Tensor, TensorData};
 /// Hugging Face `LlamaRotaryEmbedding`): `inv_freq[j] = 1 / θ^(2j/d_head)`, angle
 /// `p·inv_freq[j]`, the `d_head/2` angles repeated twice (`cat(freqs, freqs)`), in f32 as the
 /// reference computes them.
-pub fn rope_tables<B: Backend>(positions: Tensor<B, 2, Int>, d_head: usize, theta: f64) -> (Tensor<B, 4>, Tensor<B, 4>) {
+pub fn rope_tables<B: Backend>(
+    positions: Tensor<B, 2, Int>,
+    d_head: usize,
+    theta: f64,
+) -> (Tensor<B, 4>, Tensor<B, 4>) {
     let half = d_head / 2;
-    let inv_freq: Vec<f32> = (0..d_head)
-        .map(|j| 1.0 / (theta as f32).powf((2 * (j % half)) as f32 / d_head as f32))
-        .collect();
+    let inv_freq: Vec<f32> =
+        (0..d_head).map(|j| 1.0 / (theta as f32).powf((2 * (j % half)) as f32 / d_head as f32)).collect();
     let device = positions.device();
     let inv_freq = Tensor::<B, 3>::from_data(TensorData::new(inv_freq, [1, 1, d_head]), &device);
     let angles = positions.float().unsqueeze_dim::<3>(2) * inv_freq; // [rows, len, d_head]

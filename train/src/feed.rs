@@ -1,0 +1,62 @@
+//! The data feed of a run: packed windows (or SFT rows) of the prepared data, drawn by epoch
+//! and assembled on a background thread while the model computes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ember_data::{
+    step_producer, DataView, EpochSampler, Prefetcher, PreparedData, SamplerState, Split, StepData,
+};
+
+use crate::config::RunConfig;
+use crate::error::TrainError;
+
+/// Training batches ahead of the model.
+pub struct Feed {
+    prefetcher: Prefetcher<StepData>,
+    /// A line describing the training rows, epochs and what an epoch drops.
+    pub description: String,
+}
+
+impl Feed {
+    /// Starts the feed at sampler state `state`: `config.accumulation_steps` micro-batches of
+    /// `config.micro_batch_size` rows per optimizer step, `config.prefetch_depth` steps ahead.
+    /// Returns it with the validation rows (for [`crate::eval::evaluate`]).
+    ///
+    /// Errors: a split with fewer rows than a micro-batch; a sampler state that does not fit.
+    pub fn start(
+        data: Arc<PreparedData>,
+        config: &RunConfig,
+        state: SamplerState,
+    ) -> Result<(Self, DataView), TrainError> {
+        let seq_len = config.model.block_size();
+        let train = DataView::new(data.clone(), Split::Train, seq_len, config.document_masking)?;
+        let val = DataView::new(data, Split::Val, seq_len, config.document_masking)?;
+        let sampler = EpochSampler::new(config.seed, train.len(), 0, 1, config.micro_batch_size)?;
+        sampler.check_state(&state)?;
+        let dropped = sampler.dropped();
+        let description = format!(
+            "train: {} rows of {} tokens, {} micro-batches per epoch (each epoch drops {} rows: {} to split evenly across ranks, {} of a partial batch){}; val: {} rows",
+            train.len(),
+            seq_len,
+            sampler.batches_per_epoch(),
+            dropped.rank_remainder + dropped.partial_batch,
+            dropped.rank_remainder,
+            dropped.partial_batch,
+            if config.document_masking { "; document masking on" } else { "" },
+            val.len(),
+        );
+        let producer = step_producer(train, sampler, state, config.accumulation_steps);
+        let prefetcher = Prefetcher::spawn(config.prefetch_depth, producer)?;
+        Ok((Self { prefetcher, description }, val))
+    }
+
+    /// The next optimizer step's micro-batches, the sampler state after them, and how long the
+    /// training loop waited for them.
+    pub fn next(&mut self) -> Result<(StepData, Duration), TrainError> {
+        match self.prefetcher.next() {
+            Some(item) => Ok(item?),
+            None => Err(TrainError::Feed("the batch-building thread stopped unexpectedly".into())),
+        }
+    }
+}
