@@ -87,7 +87,7 @@ pub fn run(args: PrepareArgs) -> anyhow::Result<()> {
     opts.input.doc_separator = args.doc_separator;
     opts.input.lossy = args.lossy;
     opts.input.sft =
-        args.sft.then(|| SftFields { prompt_field: args.prompt_field, response_field: args.response_field });
+        args.sft.then_some(SftFields { prompt_field: args.prompt_field, response_field: args.response_field });
     opts.shard_tokens = args.shard_tokens;
     opts.threads = args.threads;
     let summary = prepare(&opts)?;

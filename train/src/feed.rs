@@ -53,7 +53,7 @@ impl Feed {
 
     /// The next optimizer step's micro-batches, the sampler state after them, and how long the
     /// training loop waited for them.
-    pub fn next(&mut self) -> Result<(StepData, Duration), TrainError> {
+    pub fn next_step(&mut self) -> Result<(StepData, Duration), TrainError> {
         match self.prefetcher.next() {
             Some(item) => Ok(item?),
             None => Err(TrainError::Feed("the batch-building thread stopped unexpectedly".into())),

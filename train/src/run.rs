@@ -128,6 +128,10 @@ pub fn train<B: AutodiffBackend>(
         ensure_fresh(&run_dir, log)?;
     }
     let data = open_data(&mut config, &run_dir)?;
+    if resume {
+        checkpoint::latest(&run_dir)?; // a run without a checkpoint has nothing to resume
+        check_same_tokenizer(&run_dir, &data.meta)?;
+    }
     config.adopt_weights_vocab()?;
     config.resolve_vocab(data.meta.vocab_size).map_err(|(key, message)| ConfigError::Key {
         path: run_dir.join(files::CONFIG),
@@ -161,7 +165,6 @@ pub fn train<B: AutodiffBackend>(
         let dir = checkpoint::latest(&run_dir)?;
         state = checkpoint::load_state(&dir)?;
         check_resumable(&config, &state, &dir, data_tokens)?;
-        check_same_tokenizer(&run_dir, &data.meta)?;
         if config.max_steps <= state.step {
             return Err(ConfigError::Key {
                 path: run_dir.join(files::CONFIG),
@@ -240,7 +243,7 @@ pub fn train<B: AutodiffBackend>(
     for step in start_step + 1..=config.max_steps {
         let started = Instant::now();
         // 1. Data: this step's micro-batches, built ahead on the feed's thread.
-        let (data, data_wait) = feed.next()?;
+        let (data, data_wait) = feed.next_step()?;
         B::seed(&device, step_seed(config.seed, step));
         let lr = schedule.lr(step);
         let (next, out) = train_step(
