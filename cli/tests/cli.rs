@@ -192,6 +192,9 @@ fn exported_weights_equal_the_run(w: &Path, config: &str, run: &str, format: &st
     let file = format!("{run}.safetensors");
     let out = ok(&["export", "--run", run, "--format", format, "--out", &file], w);
     assert!(out.contains(&format!("wrote {file}")), "{out}");
+    let hf_config = std::fs::read_to_string(w.join("config.json")).unwrap();
+    let architecture = if format == "hf-gpt2" { "GPT2LMHeadModel" } else { "LlamaForCausalLM" };
+    assert!(hf_config.contains(architecture), "{hf_config}");
     std::fs::write(w.join("from_hf.toml"), format!("init_from = {file:?}\n{config}")).unwrap();
     let strip_step = |text: String| text.split_once(':').map(|(_, rest)| rest.to_string()).unwrap_or(text);
     let (from_run, from_file) =
