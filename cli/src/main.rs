@@ -88,6 +88,14 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
     },
+    /// Run burn-collective's global orchestrators for `ember train --nodes M` (when node 0
+    /// does not start them itself: `parallel.start_coordinator = false`).
+    Coordinator {
+        /// Listen on PORT and PORT + 1. burn-collective 0.21 always listens on all
+        /// interfaces (0.0.0.0), without authentication: use a private network.
+        #[arg(long, value_name = "[HOST:]PORT", default_value = "29500")]
+        bind: String,
+    },
     /// Check numerical parity with a PyTorch fixture (init weights, batch, expected numbers).
     Verify {
         /// Directory with init.safetensors, batch.json and expected.json.
@@ -165,6 +173,22 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Coordinator { bind } => {
+            let port_text = bind.rsplit(':').next().unwrap_or(&bind);
+            let port: u16 = port_text
+                .parse()
+                .map_err(|_| anyhow::anyhow!("--bind {bind:?}: expected [HOST:]PORT with a port number"))?;
+            if port == u16::MAX {
+                anyhow::bail!("--bind {bind:?}: the orchestrators need PORT and PORT + 1");
+            }
+            out!(
+                "coordinator: burn-collective orchestrators on 0.0.0.0:{port} and 0.0.0.0:{} (all interfaces, no authentication: private networks only); Ctrl-C stops",
+                port + 1
+            );
+            let server = ember_train::parallel::serve_coordinator(port)?;
+            let _ = server.join();
+            Ok(())
+        }
         Command::Verify { fixture, json } => {
             let report = ember_train::verify::verify::<Autodiff<Flex>>(&fixture, &Default::default())?;
             if json {
@@ -182,6 +206,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
+    // burn-collective logs every connection at INFO level once a subscriber is installed (it
+    // installs one itself unless one exists): warnings and errors only, on stderr.
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .with_writer(std::io::stderr)
+        .try_init();
+    quiet_collective_panics();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -189,6 +220,18 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// burn-collective 0.21 panics on its own threads when a peer disconnects; Ember turns that
+/// into an error naming the rank, so those panics are not printed (any other panic is).
+fn quiet_collective_panics() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let file = info.location().map(|l| l.file()).unwrap_or_default();
+        if !(file.contains("burn-collective-") || file.contains("burn-communication-")) {
+            default(info);
+        }
+    }));
 }
 
 /// The error and its causes, each cause once: Ember's errors already name their cause in

@@ -86,8 +86,9 @@ pub fn run(args: PrepareArgs) -> anyhow::Result<()> {
     opts.input.text_field = args.text_field;
     opts.input.doc_separator = args.doc_separator;
     opts.input.lossy = args.lossy;
-    opts.input.sft =
-        args.sft.then_some(SftFields { prompt_field: args.prompt_field, response_field: args.response_field });
+    opts.input.sft = args
+        .sft
+        .then_some(SftFields { prompt_field: args.prompt_field, response_field: args.response_field });
     opts.shard_tokens = args.shard_tokens;
     opts.threads = args.threads;
     let summary = prepare(&opts)?;

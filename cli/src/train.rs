@@ -27,20 +27,46 @@ pub struct TrainArgs {
     /// Override a config key, e.g. --set max_steps=100 --set optimizer.lr=3e-4.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
+    /// Data-parallel replicas in this process, one thread each (CUDA: devices `device`..;
+    /// CPU: burn-flex replicas). Sets `devices`.
+    #[arg(long, value_name = "N")]
+    devices: Option<usize>,
+    /// Processes training together through burn-collective's orchestrator. Sets `parallel.nodes`.
+    #[arg(long, value_name = "M")]
+    nodes: Option<usize>,
+    /// This process's index among the nodes (0 logs and checkpoints). Sets `parallel.node_rank`.
+    #[arg(long, value_name = "R")]
+    node_rank: Option<usize>,
+    /// The orchestrator's address. Sets `parallel.coordinator`.
+    #[arg(long, value_name = "HOST:PORT")]
+    coordinator: Option<String>,
+}
+
+impl TrainArgs {
+    /// `--set` overrides followed by those of the data-parallel flags.
+    fn overrides(&self) -> Vec<String> {
+        let mut set = self.set.clone();
+        set.extend(self.devices.map(|n| format!("devices={n}")));
+        set.extend(self.nodes.map(|n| format!("parallel.nodes={n}")));
+        set.extend(self.node_rank.map(|r| format!("parallel.node_rank={r}")));
+        set.extend(self.coordinator.as_ref().map(|c| format!("parallel.coordinator={c:?}")));
+        set
+    }
 }
 
 /// Runs `ember train`.
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
+    let overrides = args.overrides();
     let (mut config, run_dir, resume) = match (&args.config, &args.resume) {
         (Some(path), None) => {
-            let config = RunConfig::load(path, &args.set)?;
+            let config = RunConfig::load(path, &overrides)?;
             let name =
                 path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "run".into());
             let run_dir = args.run_dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(name));
             (config, run_dir, false)
         }
         (None, Some(run_dir)) => {
-            (RunConfig::load(&run_dir.join(files::CONFIG), &args.set)?, run_dir.clone(), true)
+            (RunConfig::load(&run_dir.join(files::CONFIG), &overrides)?, run_dir.clone(), true)
         }
         _ => unreachable!("clap requires exactly one of --config and --resume"),
     };

@@ -1,28 +1,9 @@
 //! The `ember` binary used as a user would: separate processes, files on disk.
 
+mod common;
+
+use common::*;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn ember(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ember")).args(args).current_dir(cwd).output().expect("ember runs")
-}
-
-fn ok(args: &[&str], cwd: &Path) -> String {
-    let out = ember(args, cwd);
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "ember {args:?} failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
-    stdout.into_owned()
-}
-
-/// Exit status 1 (an error, not a panic's 101) and stderr.
-fn fails(args: &[&str], cwd: &Path) -> String {
-    let out = ember(args, cwd);
-    assert_eq!(out.status.code(), Some(1), "ember {args:?}: {out:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(stderr.starts_with("error: "), "{stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    stderr
-}
 
 const CONFIG: &str = r#"
 data = "prepared"

@@ -1,36 +1,9 @@
 //! The data pipeline through the `ember` binary: epochs that resume exactly, SFT masking,
 //! document masking, multi-file JSONL corpora, tokenizer checks.
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
-fn ember(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ember")).args(args).current_dir(cwd).output().expect("ember runs")
-}
-
-fn ok(args: &[&str], cwd: &Path) -> String {
-    let out = ember(args, cwd);
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "ember {args:?} failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
-    stdout.into_owned()
-}
-
-fn fails(args: &[&str], cwd: &Path) -> String {
-    let out = ember(args, cwd);
-    assert_eq!(out.status.code(), Some(1), "ember {args:?}: {out:?}");
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// The training losses of a run, bit for bit.
-fn train_losses(run_dir: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v["kind"] == "train")
-        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
-        .collect()
-}
+use common::*;
 
 /// A tiny GPT over 16-token windows with dropout (so resuming must restore the RNG too).
 fn config(extra: &str) -> String {

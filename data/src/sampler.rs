@@ -39,10 +39,12 @@ pub struct Dropped {
 /// Epoch `e` is a permutation of `0..n_items`: `(0..n_items)` shuffled with rand 0.9's
 /// `SliceRandom::shuffle` (Fisher–Yates) driven by `ChaCha8Rng::seed_from_u64(mix)` with
 /// `mix = splitmix64(splitmix64(seed) ^ e)` (see [`EpochSampler::epoch_seed`]). Rank `r` takes
-/// `perm[r·per_rank .. (r+1)·per_rank]` with `per_rank = n_items / world_size`, so the ranks'
-/// parts are disjoint and equal. Its batches are consecutive runs of `batch_size` indices of
-/// that part; a final partial batch is dropped ([`EpochSampler::dropped`]). After the last
-/// full batch the state moves to `(epoch + 1, 0)`.
+/// every `world_size`-th index from `r`: `perm[r], perm[r + W], …` — `per_rank = n_items / W`
+/// of them (PyTorch's `DistributedSampler` layout), so the ranks' parts are disjoint and equal,
+/// and the union of the ranks' batches at a step is the batch a single rank with `W ×
+/// batch_size` would draw at that step. Its batches are consecutive runs of `batch_size`
+/// indices of that part; a final partial batch is dropped ([`EpochSampler::dropped`]). After
+/// the last full batch the state moves to `(epoch + 1, 0)`.
 ///
 /// The indices depend only on `(seed, n_items, rank, world_size, batch_size)` and the state,
 /// so a sampler rebuilt from a saved [`SamplerState`] continues exactly where the saved one was.
@@ -149,11 +151,14 @@ impl EpochSampler {
     pub fn next(&mut self, state: &mut SamplerState) -> Result<Vec<usize>, DataError> {
         self.check_state(state)?;
         if self.cache.as_ref().is_none_or(|(e, _)| *e != state.epoch) {
-            let per_rank = self.per_rank();
-            let mut perm = self.permutation(state.epoch);
-            perm.truncate((self.rank + 1) * per_rank);
-            perm.drain(..self.rank * per_rank);
-            self.cache = Some((state.epoch, perm));
+            let part: Vec<usize> = self
+                .permutation(state.epoch)
+                .into_iter()
+                .skip(self.rank)
+                .step_by(self.world_size)
+                .take(self.per_rank())
+                .collect();
+            self.cache = Some((state.epoch, part));
         }
         let part = &self.cache.as_ref().expect("filled above").1;
         let start = state.cursor as usize * self.batch_size;
@@ -236,7 +241,27 @@ mod tests {
             all.sort();
             assert_eq!(all, (0..24).collect::<Vec<_>>(), "epoch {e}");
             let perm = EpochSampler::new(7, 24, 0, 2, 4).unwrap().permutation(e as u64);
-            assert_eq!((a, b), (perm[..12].to_vec(), perm[12..].to_vec()));
+            let strided = |r: usize| perm.iter().copied().skip(r).step_by(2).collect::<Vec<_>>();
+            assert_eq!((a, b), (strided(0), strided(1)));
+        }
+    }
+
+    #[test]
+    fn ranks_together_draw_the_single_rank_batch_of_the_global_size() {
+        // 2 ranks × batch 4 at each step = 1 rank × batch 8 at that step (as sets), over 9
+        // steps (3 epochs), so W ranks × B equals 1 rank × W·B.
+        let mut one = EpochSampler::new(7, 26, 0, 1, 8).unwrap();
+        let mut ranks: Vec<EpochSampler> =
+            (0..2).map(|r| EpochSampler::new(7, 26, r, 2, 4).unwrap()).collect();
+        assert_eq!(one.batches_per_epoch(), ranks[0].batches_per_epoch());
+        let (mut s1, mut s2) = (SamplerState::default(), [SamplerState::default(); 2]);
+        for step in 0..9 {
+            let mut want = one.next(&mut s1).unwrap();
+            let mut got: Vec<usize> = (0..2).flat_map(|r| ranks[r].next(&mut s2[r]).unwrap()).collect();
+            want.sort();
+            got.sort();
+            assert_eq!(got, want, "step {step}");
+            assert_eq!(s2[0], s1);
         }
     }
 
@@ -248,7 +273,8 @@ mod tests {
         assert_eq!(s.dropped(), Dropped { rank_remainder: 2, partial_batch: 2 });
         let mut st = SamplerState::default();
         let got = [s.next(&mut st).unwrap(), s.next(&mut st).unwrap()].concat();
-        assert_eq!(got, s.permutation(0)[16..22].to_vec());
+        let perm = s.permutation(0);
+        assert_eq!(got, [2, 5, 8, 11, 14, 17].map(|i| perm[i]).to_vec(), "every third index from 2");
         assert_eq!(st, SamplerState { epoch: 1, cursor: 0 });
     }
 

@@ -11,35 +11,45 @@ use crate::error::TrainError;
 pub trait BackendTask {
     /// What the task returns.
     type Output;
-    /// Runs the task on autodiff backend `B` (use `B::InnerBackend` for inference).
-    fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<Self::Output, TrainError>;
+    /// Runs the task on autodiff backend `B` (use `B::InnerBackend` for inference), with one
+    /// device per requested index (the first one for single-device work).
+    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Result<Self::Output, TrainError>;
 }
 
-/// Runs `task` on `kind` (device index `index` for CUDA).
+/// Runs `task` on `kind` with devices `indices` (CUDA device indices; on the CPU, one burn-flex
+/// device per index).
 ///
 /// Errors: `cuda` in a build without the `cuda` feature, or no usable CUDA device/driver.
-pub fn run_on<T: BackendTask>(kind: BackendKind, index: usize, task: T) -> Result<T::Output, TrainError> {
+pub fn run_on<T: BackendTask>(
+    kind: BackendKind,
+    indices: &[usize],
+    task: T,
+) -> Result<T::Output, TrainError> {
     match kind {
-        BackendKind::Flex => task.run::<Autodiff<Flex>>(Default::default()),
-        BackendKind::Cuda => run_cuda(index, task),
+        BackendKind::Flex => task.run::<Autodiff<Flex>>(indices.iter().map(|_| Default::default()).collect()),
+        BackendKind::Cuda => run_cuda(indices, task),
     }
 }
 
 #[cfg(feature = "cuda")]
-fn run_cuda<T: BackendTask>(index: usize, task: T) -> Result<T::Output, TrainError> {
+fn run_cuda<T: BackendTask>(indices: &[usize], task: T) -> Result<T::Output, TrainError> {
     use burn::backend::cuda::CudaDevice;
     use burn::backend::Cuda;
-    let device = CudaDevice::new(index);
-    probe::<Cuda>(&device).map_err(|message| {
-        TrainError::Backend(format!(
-            "CUDA device {index} is not usable: {message}. Check the NVIDIA driver (libcuda), NVRTC and the CUDA headers (CUDA_PATH), or use backend = \"flex\""
-        ))
-    })?;
-    task.run::<Autodiff<Cuda>>(device)
+    let mut devices = Vec::new();
+    for &index in indices {
+        let device = CudaDevice::new(index);
+        probe::<Cuda>(&device).map_err(|message| {
+            TrainError::Backend(format!(
+                "CUDA device {index} is not usable: {message}. Check the NVIDIA driver (libcuda), NVRTC and the CUDA headers (CUDA_PATH), or use backend = \"flex\""
+            ))
+        })?;
+        devices.push(device);
+    }
+    task.run::<Autodiff<Cuda>>(devices)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn run_cuda<T: BackendTask>(_index: usize, _task: T) -> Result<T::Output, TrainError> {
+fn run_cuda<T: BackendTask>(_indices: &[usize], _task: T) -> Result<T::Output, TrainError> {
     Err(TrainError::Backend(
         "this ember was built without CUDA support; rebuild with `CUDARC_CUDA_VERSION=13000 cargo build --release --features ember/cuda` or use backend = \"flex\"".into(),
     ))
@@ -79,14 +89,14 @@ mod tests {
     struct Answer;
     impl BackendTask for Answer {
         type Output = u32;
-        fn run<B: AutodiffBackend>(self, _device: B::Device) -> Result<u32, TrainError> {
+        fn run<B: AutodiffBackend>(self, _devices: Vec<B::Device>) -> Result<u32, TrainError> {
             Ok(42)
         }
     }
 
     #[test]
     fn flex_runs_the_task() {
-        assert_eq!(run_on(BackendKind::Flex, 0, Answer).unwrap(), 42);
+        assert_eq!(run_on(BackendKind::Flex, &[0], Answer).unwrap(), 42);
     }
 
     #[test]
@@ -99,7 +109,7 @@ mod tests {
     #[cfg(not(feature = "cuda"))]
     #[test]
     fn cuda_without_the_feature_is_a_clear_error() {
-        let err = run_on(BackendKind::Cuda, 0, Answer).unwrap_err().to_string();
+        let err = run_on(BackendKind::Cuda, &[0], Answer).unwrap_err().to_string();
         assert!(err.contains("built without CUDA"), "{err}");
     }
 
@@ -107,7 +117,7 @@ mod tests {
     #[test]
     fn cuda_without_a_driver_is_an_error_not_a_panic() {
         // On a machine without a GPU this is an error; on a GPU machine it runs.
-        match run_on(BackendKind::Cuda, 0, Answer) {
+        match run_on(BackendKind::Cuda, &[0], Answer) {
             Ok(v) => assert_eq!(v, 42),
             Err(e) => assert!(e.to_string().contains("CUDA device 0 is not usable"), "{e}"),
         }

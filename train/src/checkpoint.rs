@@ -37,6 +37,14 @@ pub struct TrainState {
     pub sampler: ember_data::SamplerState,
     /// Token counts of the prepared data the run was trained on, checked on resume.
     pub data_tokens: (u64, u64),
+    /// Data-parallel ranks that trained up to this checkpoint (the sampler state is in their
+    /// batches; another rank count continues at the next epoch).
+    #[serde(default = "one")]
+    pub world_size: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 fn recorder() -> NamedMpkFileRecorder<FullPrecisionSettings> {

@@ -23,12 +23,13 @@ pub fn train_run(options: RunOptions, log: &mut dyn FnMut(&str)) -> Result<RunSu
     }
     impl BackendTask for Task<'_> {
         type Output = RunSummary;
-        fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<RunSummary, TrainError> {
-            train::<B>(self.options, device, self.log)
+        fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Result<RunSummary, TrainError> {
+            train::<B>(self.options, devices, self.log)
         }
     }
-    let (backend, index) = (options.config.backend, options.config.device);
-    run_on(backend, index, Task { options, log })
+    let backend = options.config.backend;
+    let indices = options.config.devices.indices(options.config.device);
+    run_on(backend, &indices, Task { options, log })
 }
 
 /// Losses of a trained model.
@@ -57,7 +58,8 @@ pub fn eval_run(
     }
     impl BackendTask for Task {
         type Output = EvalReport;
-        fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<EvalReport, TrainError> {
+        fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Result<EvalReport, TrainError> {
+            let device = devices.into_iter().next().expect("one device");
             let model = self.trained.load_model::<B::InnerBackend>(&device)?;
             let config = &self.trained.config;
             let data = Arc::new(self.trained.data()?);
@@ -78,7 +80,7 @@ pub fn eval_run(
     let trained = Trained::open(source)?;
     let batches = batches.unwrap_or(trained.config.eval_batches);
     let (kind, index) = (backend.unwrap_or(trained.config.backend), trained.config.device);
-    run_on(kind, index, Task { trained, batches })
+    run_on(kind, &[index], Task { trained, batches })
 }
 
 /// Samples text from `source`'s weights (see [`generate`]).
@@ -93,14 +95,15 @@ pub fn sample_run(
     }
     impl BackendTask for Task<'_> {
         type Output = String;
-        fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<String, TrainError> {
+        fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Result<String, TrainError> {
+            let device = devices.into_iter().next().expect("one device");
             let model = self.trained.load_model::<B::InnerBackend>(&device)?;
             generate(&model, &self.trained.tokenizer()?, self.options, &device)
         }
     }
     let trained = Trained::open(source)?;
     let (kind, index) = (backend.unwrap_or(trained.config.backend), trained.config.device);
-    run_on(kind, index, Task { trained, options })
+    run_on(kind, &[index], Task { trained, options })
 }
 
 /// Weight formats of `ember export`.

@@ -58,6 +58,87 @@ impl Default for OptimizerConfig {
     }
 }
 
+/// Replicas of a process: a count or explicit CUDA device indices.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Devices {
+    /// This many replicas (CUDA: devices `device..device + n`).
+    Count(usize),
+    /// These CUDA device indices.
+    List(Vec<usize>),
+}
+
+impl Default for Devices {
+    fn default() -> Self {
+        Devices::Count(1)
+    }
+}
+
+impl Devices {
+    /// Device indices, the count form starting at `first`.
+    pub fn indices(&self, first: usize) -> Vec<usize> {
+        match self {
+            Devices::Count(n) => (first..first + n).collect(),
+            Devices::List(list) => list.clone(),
+        }
+    }
+}
+
+/// burn-collective's all-reduce algorithms (the same result, other traffic patterns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    /// Every rank sends to one, which reduces and sends back.
+    Centralized,
+    /// A binary tree reduces up and broadcasts down.
+    #[default]
+    Tree,
+    /// Ring all-reduce (reduce-scatter then all-gather).
+    Ring,
+}
+
+/// Data parallelism across processes (`[parallel]`). Every address defaults to loopback.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ParallelConfig {
+    /// Processes ("nodes") training together; each runs `devices` replicas.
+    pub nodes: usize,
+    /// This process's index among the nodes (0 writes logs, metrics and checkpoints).
+    pub node_rank: usize,
+    /// `HOST:PORT` of burn-collective's global orchestrators (started by node 0, or by
+    /// `ember coordinator`): they listen on PORT and PORT + 1.
+    pub coordinator: String,
+    /// Start the orchestrator in node 0's process (else run `ember coordinator`).
+    pub start_coordinator: bool,
+    /// The address other nodes reach this node at.
+    pub node_address: String,
+    /// The first data-service port of node 0 (default: the coordinator's port + 2); node r
+    /// uses this + 2r and this + 2r + 1.
+    pub data_port: Option<u16>,
+    /// All-reduce algorithm, within a process and between nodes.
+    pub strategy: Strategy,
+    /// Seconds a rank waits for the others in an exchange before stopping with an error.
+    pub timeout_s: u64,
+    /// Compare the replicas' parameter hashes every N steps (0: at every logged step).
+    pub check_every: u64,
+}
+
+impl Default for ParallelConfig {
+    fn default() -> Self {
+        Self {
+            nodes: 1,
+            node_rank: 0,
+            coordinator: "127.0.0.1:29500".into(),
+            start_coordinator: true,
+            node_address: "127.0.0.1".into(),
+            data_port: None,
+            strategy: Strategy::Tree,
+            timeout_s: 300,
+            check_every: 0,
+        }
+    }
+}
+
 /// Everything a training run needs, as read from TOML. Field names are the stable interface
 /// scripts rely on (`max_steps`, `eval_every`, `eval_batches`, `checkpoint_every`, `seed`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -108,9 +189,17 @@ pub struct RunConfig {
     /// Backend: `"flex"` (CPU) or `"cuda"`.
     #[serde(default)]
     pub backend: BackendKind,
-    /// Device index for CUDA (`cuda:N`).
+    /// Device index for CUDA (`cuda:N`); the first of `devices` when there are several.
     #[serde(default)]
     pub device: usize,
+    /// Data-parallel replicas in this process, one thread and one model each: a count (`2`:
+    /// CUDA devices `device`, `device + 1`; on the CPU, burn-flex replicas) or CUDA device
+    /// indices (`[0, 1]`).
+    #[serde(default)]
+    pub devices: Devices,
+    /// Data parallelism across processes and its gradient exchange (`[parallel]`).
+    #[serde(default)]
+    pub parallel: ParallelConfig,
     /// The model (`[model]`): `arch` (`"gpt2"`, the default, or `"llama"`), a `preset` name
     /// and/or explicit fields of [`GptConfig`] / [`LlamaConfig`]. `vocab_size` may be
     /// omitted: see [`RunConfig::resolve_vocab`].
@@ -286,6 +375,11 @@ impl RunConfig {
         Ok(())
     }
 
+    /// Data-parallel ranks in all: replicas per process × processes.
+    pub fn world_size(&self) -> usize {
+        self.devices.indices(self.device).len() * self.parallel.nodes
+    }
+
     /// Sequences per optimizer step: `micro_batch_size · accumulation_steps · world_size`.
     pub fn sequences_per_step(&self, world_size: usize) -> usize {
         self.micro_batch_size * self.accumulation_steps * world_size
@@ -320,6 +414,27 @@ impl RunConfig {
         positive("log_every", self.log_every)?;
         positive("keep_checkpoints", self.keep_checkpoints as u64)?;
         positive("prefetch_depth", self.prefetch_depth as u64)?;
+        positive("devices", self.devices.indices(self.device).len() as u64)?;
+        positive("parallel.nodes", self.parallel.nodes as u64)?;
+        positive("parallel.timeout_s", self.parallel.timeout_s)?;
+        if self.parallel.node_rank >= self.parallel.nodes {
+            return Err((
+                "parallel.node_rank",
+                format!(
+                    "must be below parallel.nodes ({}), got {}",
+                    self.parallel.nodes, self.parallel.node_rank
+                ),
+            ));
+        }
+        let port = self.parallel.coordinator.rsplit_once(':').and_then(|(host, port)| {
+            port.parse::<u16>().ok().filter(|&p| !host.is_empty() && p < u16::MAX - 1)
+        });
+        if port.is_none() {
+            return Err((
+                "parallel.coordinator",
+                format!("expected HOST:PORT (PORT below 65534), got {:?}", self.parallel.coordinator),
+            ));
+        }
         if let Some(Err(e)) = self.tokenizer.as_deref().map(str::parse::<ember_data::TokenizerKind>) {
             return Err(("tokenizer", e.to_string()));
         }

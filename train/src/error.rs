@@ -56,6 +56,9 @@ pub enum TrainError {
     /// Hugging Face weights could not be read, written, or do not fit the model.
     #[error(transparent)]
     Weights(#[from] ember_model::hf::HfError),
+    /// Data-parallel ranks could not exchange gradients, or one of them failed.
+    #[error("data parallel: {0}")]
+    Sync(String),
     /// The background batch builder failed.
     #[error("data feed: {0}")]
     Feed(String),

@@ -11,7 +11,7 @@ use ember_data::{
 use crate::config::RunConfig;
 use crate::error::TrainError;
 
-/// Training batches ahead of the model.
+/// Training batches of one data-parallel rank, ahead of the model.
 pub struct Feed {
     prefetcher: Prefetcher<StepData>,
     /// A line describing the training rows, epochs and what an epoch drops.
@@ -19,36 +19,37 @@ pub struct Feed {
 }
 
 impl Feed {
-    /// Starts the feed at sampler state `state`: `config.accumulation_steps` micro-batches of
-    /// `config.micro_batch_size` rows per optimizer step, `config.prefetch_depth` steps ahead.
-    /// Returns it with the validation rows (for [`crate::eval::evaluate`]).
+    /// Starts the feed of data-parallel rank `rank` of `world_size` at sampler state `state`:
+    /// `config.accumulation_steps` micro-batches of `config.micro_batch_size` rows of the rank's
+    /// shard per optimizer step, `config.prefetch_depth` steps ahead.
     ///
-    /// Errors: a split with fewer rows than a micro-batch; a sampler state that does not fit.
+    /// Errors: a shard with fewer rows than a micro-batch; a sampler state that does not fit.
     pub fn start(
         data: Arc<PreparedData>,
         config: &RunConfig,
         state: SamplerState,
-    ) -> Result<(Self, DataView), TrainError> {
+        rank: usize,
+        world_size: usize,
+    ) -> Result<Self, TrainError> {
         let seq_len = config.model.block_size();
-        let train = DataView::new(data.clone(), Split::Train, seq_len, config.document_masking)?;
-        let val = DataView::new(data, Split::Val, seq_len, config.document_masking)?;
-        let sampler = EpochSampler::new(config.seed, train.len(), 0, 1, config.micro_batch_size)?;
+        let train = DataView::new(data, Split::Train, seq_len, config.document_masking)?;
+        let sampler = EpochSampler::new(config.seed, train.len(), rank, world_size, config.micro_batch_size)?;
         sampler.check_state(&state)?;
         let dropped = sampler.dropped();
         let description = format!(
-            "train: {} rows of {} tokens, {} micro-batches per epoch (each epoch drops {} rows: {} to split evenly across ranks, {} of a partial batch){}; val: {} rows",
+            "train: {} rows of {} tokens, {} micro-batches per epoch and rank (each epoch drops {} rows: {} to split evenly across {} ranks, {} of a partial batch){}",
             train.len(),
             seq_len,
             sampler.batches_per_epoch(),
             dropped.rank_remainder + dropped.partial_batch,
             dropped.rank_remainder,
+            world_size,
             dropped.partial_batch,
             if config.document_masking { "; document masking on" } else { "" },
-            val.len(),
         );
         let producer = step_producer(train, sampler, state, config.accumulation_steps);
         let prefetcher = Prefetcher::spawn(config.prefetch_depth, producer)?;
-        Ok((Self { prefetcher, description }, val))
+        Ok(Self { prefetcher, description })
     }
 
     /// The next optimizer step's micro-batches, the sampler state after them, and how long the
@@ -59,4 +60,9 @@ impl Feed {
             None => Err(TrainError::Feed("the batch-building thread stopped unexpectedly".into())),
         }
     }
+}
+
+/// The validation rows (for [`crate::eval::evaluate`]).
+pub fn val_view(data: Arc<PreparedData>, config: &RunConfig) -> Result<DataView, TrainError> {
+    Ok(DataView::new(data, Split::Val, config.model.block_size(), config.document_masking)?)
 }

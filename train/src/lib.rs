@@ -20,10 +20,13 @@ pub mod fsutil;
 pub mod loss;
 pub mod metrics;
 pub mod optim;
+pub mod parallel;
+pub mod replica;
 pub mod run;
 pub mod sample;
 pub mod schedule;
 pub mod step;
+pub mod sync;
 pub mod trained;
 pub mod verify;
 

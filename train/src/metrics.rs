@@ -29,6 +29,29 @@ pub struct TrainRecord {
     /// near 0 when the background feed keeps up.
     #[serde(default)]
     pub data_wait_frac: f64,
+    /// Mean seconds per step in the gradient exchange since the previous record (0 for one
+    /// rank), waiting for slower ranks included.
+    #[serde(default)]
+    pub sync_s: f64,
+    /// Bytes all-reduced per optimizer step (0 for one rank).
+    #[serde(default)]
+    pub allreduce_bytes: u64,
+    /// The all-reduce strategy (`none (1 rank)`, or burn-collective's `tree`, `ring`,
+    /// `centralized` with the rank count).
+    #[serde(default)]
+    pub allreduce: String,
+    /// Whether every replica had the same parameters when last compared at this step (`null`
+    /// when not compared).
+    #[serde(default)]
+    pub replicas_agree: Option<bool>,
+    /// Gradient all-reduces this rank-0 process has made in this session, up to this step (one
+    /// per optimizer step; 0 for a single rank).
+    #[serde(default)]
+    pub allreduce_calls: u64,
+    /// The 64-bit parameter hash compared at this step (16 hex digits; `null` when not
+    /// compared).
+    #[serde(default)]
+    pub param_hash: Option<String>,
     /// Tokens consumed by the run so far.
     pub tokens: u64,
     /// Wall-clock seconds since the run started (summed across resumes).
@@ -88,7 +111,19 @@ impl fmt::Display for TrainRecord {
             self.tokens_per_sec,
             100.0 * self.data_wait_frac,
             self.elapsed_s
-        )
+        )?;
+        if self.allreduce_bytes > 0 {
+            let step_s = self.sync_s.max(1e-12);
+            let mb = self.allreduce_bytes as f64 / 1e6;
+            write!(f, " | sync {:.1} ms/step, {mb:.2} MB {}", 1e3 * step_s, self.allreduce)?;
+            let hash = self.param_hash.as_deref().unwrap_or("?");
+            match self.replicas_agree {
+                Some(true) => write!(f, " | params {hash} on every rank")?,
+                Some(false) => write!(f, " | params {hash}: REPLICAS DIFFER")?,
+                None => {}
+            }
+        }
+        Ok(())
     }
 }
 
@@ -167,6 +202,12 @@ mod tests {
             grad_norm: 0.5,
             tokens_per_sec: 1000.0,
             data_wait_frac: 0.001,
+            sync_s: 0.0,
+            allreduce_bytes: 0,
+            allreduce: "none (1 rank)".into(),
+            replicas_agree: None,
+            param_hash: None,
+            allreduce_calls: 0,
             tokens: step * 10,
             elapsed_s: step as f64,
         })

@@ -160,6 +160,23 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for SumOfSquares<'_, B> {
     }
 }
 
+/// Multiplies every gradient by `factor` (e.g. `1 / scored tokens`).
+pub fn scale_grads<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    grads: &mut GradientsParams,
+    factor: f64,
+) {
+    struct MulScalar<'a>(&'a mut GradientsParams, f64);
+    impl<B: AutodiffBackend> ModuleVisitor<B> for MulScalar<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(grad) = self.0.remove::<B::InnerBackend, D>(param.id) {
+                self.0.register(param.id, grad.mul_scalar(self.1));
+            }
+        }
+    }
+    module.visit(&mut MulScalar(grads, factor));
+}
+
 struct Scale<'a, B: AutodiffBackend> {
     grads: &'a mut GradientsParams,
     coef: Tensor<B::InnerBackend, 1>,
@@ -169,7 +186,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Scale<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) {
             let dtype = grad.dtype();
-            let coef = self.coef.clone().cast(dtype).reshape([1; D]);
+            let coef = self.coef.clone().to_device(&grad.device()).cast(dtype).reshape([1; D]);
             self.grads.register(param.id, grad * coef);
         }
     }

@@ -3,27 +3,25 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Duration;
 use std::time::Instant;
 
-use burn::module::AutodiffModule;
+use burn::module::Module;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::ElementConversion;
 use ember_data::{PrepareOptions, PreparedData, SamplerState, TokenizerKind};
 use ember_model::LanguageModel;
 
 use crate::checkpoint::{self, TrainState, CHECKPOINT_VERSION};
 use crate::config::{ConfigError, RunConfig};
 use crate::error::TrainError;
-use crate::eval::evaluate;
 use crate::feed::Feed;
 use crate::fsutil::write_atomic;
-use crate::metrics::{self, EvalRecord, MetricsLog, Record, TrainRecord};
+use crate::metrics::{self, MetricsLog};
 use crate::optim::AdamWGroups;
+use crate::replica::{run_replica, Leader, Plan, Replica, ReplicaReport};
 use crate::schedule::LrSchedule;
-use crate::step::train_step;
+use crate::sync::{GradSync, Solo};
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -111,21 +109,48 @@ pub fn open_data(config: &mut RunConfig, run_dir: &Path) -> Result<PreparedData,
     Ok(data)
 }
 
-/// Trains (or resumes) a run on backend `B`; `log` receives every human-readable line.
+/// Trains (or resumes) a run on backend `B` with one replica per device of `devices` (empty:
+/// `devices` default devices of the config) and `parallel.nodes` processes; `log` receives
+/// every human-readable line (node 0 only).
 ///
 /// Errors: bad data or configuration, a run directory that already holds a run (without
 /// `resume`), a missing or inconsistent checkpoint (with `resume`), I/O failures, a
-/// diverged loss.
+/// diverged loss, a failed or unreachable rank.
 pub fn train<B: AutodiffBackend>(
     options: RunOptions,
-    device: B::Device,
+    devices: Vec<B::Device>,
     log: &mut dyn FnMut(&str),
 ) -> Result<RunSummary, TrainError> {
     let RunOptions { mut config, run_dir, resume, stop } = options;
     let session = Instant::now();
-    fs::create_dir_all(&run_dir).map_err(TrainError::io(&run_dir))?;
-    if !resume {
-        ensure_fresh(&run_dir, log)?;
+    let wanted = config.devices.indices(config.device).len();
+    let devices = match devices.len() {
+        0 => vec![B::Device::default(); wanted],
+        n if n == wanted => devices,
+        n => {
+            return Err(ConfigError::Key {
+                path: run_dir.join(files::CONFIG),
+                key: "devices".into(),
+                message: format!("the config asks for {wanted} replicas but {n} devices were given"),
+            }
+            .into())
+        }
+    };
+    let leads = config.parallel.node_rank == 0; // this process writes the run directory
+    let device = devices[0].clone();
+    if leads {
+        fs::create_dir_all(&run_dir).map_err(TrainError::io(&run_dir))?;
+        if !resume {
+            ensure_fresh(&run_dir, log)?;
+        }
+    }
+    if config.parallel.nodes > 1 && config.data.as_deref().is_some_and(Path::is_file) {
+        return Err(ConfigError::Key {
+            path: run_dir.join(files::CONFIG),
+            key: "data".into(),
+            message: "several nodes need prepared data (run `ember prepare` once), not a text file".into(),
+        }
+        .into());
     }
     let data = open_data(&mut config, &run_dir)?;
     if resume {
@@ -144,10 +169,13 @@ pub fn train<B: AutodiffBackend>(
         message: e.message,
     };
 
+    // Every rank starts from the same weights: built from the same seed here and copied to
+    // each local replica (other processes build them the same way); the first step compares
+    // the replicas' parameter hashes.
     B::seed(&device, config.seed);
     let mut model: LanguageModel<B> = config.model.init(&device).map_err(model_err)?;
-    let mut optimizer = AdamWGroups::new(&config.optimizer, &model);
     let data_tokens = (data.meta.train_tokens, data.meta.total_tokens - data.meta.train_tokens);
+    let world_size = config.world_size();
     let mut state = TrainState {
         version: CHECKPOINT_VERSION,
         step: 0,
@@ -156,7 +184,9 @@ pub fn train<B: AutodiffBackend>(
         seed: config.seed,
         sampler: SamplerState::default(),
         data_tokens,
+        world_size,
     };
+    let mut resume_dir = None;
     if let (Some(path), false) = (&config.init_from, resume) {
         model = ember_model::hf::load(model, path)?;
         log(&format!("initialized from {}", path.display()));
@@ -177,27 +207,36 @@ pub fn train<B: AutodiffBackend>(
             .into());
         }
         model = checkpoint::load_model(&dir, model, &device)?;
-        optimizer = checkpoint::load_optimizer(&dir, optimizer, &device)?;
-        metrics::truncate_after(&run_dir.join(files::METRICS), state.step)?;
+        if state.world_size != world_size {
+            // The epoch's remaining batches were cut for another rank count.
+            log(&format!(
+                "the checkpoint was written by {} ranks, this run has {world_size}: the data continues at the start of epoch {}",
+                state.world_size,
+                state.sampler.epoch + 1
+            ));
+            state.sampler = SamplerState { epoch: state.sampler.epoch + 1, cursor: 0 };
+            state.world_size = world_size;
+        }
+        if leads {
+            metrics::truncate_after(&run_dir.join(files::METRICS), state.step)?;
+        }
         log(&format!("resumed from {} (step {})", dir.display(), state.step));
+        resume_dir = Some(dir);
     }
-    write_atomic(&run_dir.join(files::CONFIG), config.to_toml().as_bytes())?;
-    let meta_json = serde_json::to_vec_pretty(&data.meta).expect("meta serializes");
-    write_atomic(&run_dir.join(files::DATA_META), &meta_json)?;
-    let hf_tokenizer = data.dir.join(ember_data::HF_TOKENIZER_FILE);
-    if hf_tokenizer.exists() {
-        // Sampling from the run needs the Hugging Face tokenizer beside its data_meta.json.
-        let bytes = fs::read(&hf_tokenizer).map_err(TrainError::io(&hf_tokenizer))?;
-        write_atomic(&run_dir.join(ember_data::HF_TOKENIZER_FILE), &bytes)?;
+    if leads {
+        write_atomic(&run_dir.join(files::CONFIG), config.to_toml().as_bytes())?;
+        let meta_json = serde_json::to_vec_pretty(&data.meta).expect("meta serializes");
+        write_atomic(&run_dir.join(files::DATA_META), &meta_json)?;
+        let hf_tokenizer = data.dir.join(ember_data::HF_TOKENIZER_FILE);
+        if hf_tokenizer.exists() {
+            // Sampling from the run needs the Hugging Face tokenizer beside its data_meta.json.
+            let bytes = fs::read(&hf_tokenizer).map_err(TrainError::io(&hf_tokenizer))?;
+            write_atomic(&run_dir.join(ember_data::HF_TOKENIZER_FILE), &bytes)?;
+        }
     }
 
-    let tokens_per_step = config.tokens_per_step(1) as u64;
-    log(&format!(
-        "model: {} with {} parameters; {}",
-        config.model.arch(),
-        model.num_params(),
-        optimizer.census
-    ));
+    let census = AdamWGroups::<LanguageModel<B>, B>::new(&config.optimizer, &model).census;
+    log(&format!("model: {} with {} parameters; {census}", config.model.arch(), model.num_params()));
     log(&format!(
         "data: {} ({} train / {} val tokens, vocabulary {})",
         data.dir.display(),
@@ -206,126 +245,138 @@ pub fn train<B: AutodiffBackend>(
         data.meta.vocab_size
     ));
     log(&format!(
-        "global batch: {} sequences × {} tokens = {} tokens per optimizer step (micro-batch {} × {} accumulation steps × 1 worker)",
-        config.sequences_per_step(1),
+        "global batch: {} sequences × {} tokens = {} tokens per optimizer step (micro-batch {} × {} accumulation steps × {} ranks)",
+        config.sequences_per_step(world_size),
         config.model.block_size(),
-        tokens_per_step,
+        config.tokens_per_step(world_size),
         config.micro_batch_size,
-        config.accumulation_steps
+        config.accumulation_steps,
+        world_size
     ));
-
     let o = &config.optimizer;
-    let schedule = LrSchedule {
-        peak: o.lr,
-        min: o.min_lr,
-        warmup_steps: o.warmup_steps,
-        decay_steps: o.lr_decay_steps.unwrap_or(config.max_steps),
+    let plan = Plan {
+        config: &config,
+        schedule: LrSchedule {
+            peak: o.lr,
+            min: o.min_lr,
+            warmup_steps: o.warmup_steps,
+            decay_steps: o.lr_decay_steps.unwrap_or(config.max_steps),
+        },
+        start: state,
+        session,
     };
-    let (mut feed, val) = Feed::start(Arc::new(data), &config, state.sampler)?;
-    log(&feed.description);
-    let mut metrics_log = MetricsLog::open(&run_dir.join(files::METRICS))?;
-    let elapsed = |state: &TrainState| state.elapsed_s + session.elapsed().as_secs_f64();
-    let mut final_val_loss = None;
-    let val_loss = |model: &LanguageModel<B>, val| {
-        evaluate(&model.valid(), val, config.seed, config.eval_batches, config.micro_batch_size, &device)
-    };
-    if state.step == 0 && config.eval_every > 0 {
-        let record = EvalRecord::new(0, val_loss(&model, &val)?, elapsed(&state));
-        final_val_loss = Some(record.val_loss);
-        log(&record.to_string());
-        metrics_log.write(&Record::Eval(record))?;
+    let data = Arc::new(data);
+    let local = devices.len();
+    let first_rank = config.parallel.node_rank * local;
+    let collective = (world_size > 1).then(|| crate::parallel::Group::new(&config, local));
+    if collective.is_some() {
+        log(&crate::parallel::describe(&config, local));
     }
-
-    let (mut interval_tokens, mut interval_s, mut interval_wait) = (0u64, 0.0f64, Duration::ZERO);
-    let (mut session_tokens, mut session_step_s) = (0u64, 0.0f64);
-    let mut stopped_early = false;
-    let start_step = state.step;
-    for step in start_step + 1..=config.max_steps {
-        let started = Instant::now();
-        // 1. Data: this step's micro-batches, built ahead on the feed's thread.
-        let (data, data_wait) = feed.next_step()?;
-        B::seed(&device, step_seed(config.seed, step));
-        let lr = schedule.lr(step);
-        let (next, out) = train_step(
-            model,
-            &mut optimizer,
-            &data.micro_batches,
-            step,
-            lr,
-            config.optimizer.grad_clip,
-            &device,
-        )?;
-        model = next;
-        state.step = step;
-        state.sampler = data.state;
-        state.tokens += out.scored_tokens as u64;
-
-        let stop_now = stop.load(Ordering::SeqCst);
-        let last = step == config.max_steps || stop_now;
-        let logging = step % config.log_every == 0 || last;
-        let read = logging.then(|| {
-            let loss: f64 = out.loss.into_scalar().elem();
-            let grad_norm: f64 = out.grad_norm.into_scalar().elem();
-            (loss, grad_norm)
-        });
-        let step_s = started.elapsed().as_secs_f64();
-        interval_s += step_s;
-        interval_wait += data_wait;
-        interval_tokens += out.scored_tokens as u64;
-        session_step_s += step_s;
-        session_tokens += out.scored_tokens as u64;
-        if let Some((loss, grad_norm)) = read {
-            for (what, value) in [("loss", loss), ("grad norm", grad_norm)] {
-                if !value.is_finite() {
-                    return Err(TrainError::NonFinite { step, what, value });
-                }
-            }
-            let record = TrainRecord {
-                step,
-                loss,
-                perplexity: loss.exp(),
-                lr,
-                grad_norm,
-                tokens_per_sec: interval_tokens as f64 / interval_s.max(1e-9),
-                data_wait_frac: interval_wait.as_secs_f64() / interval_s.max(1e-9),
-                tokens: state.tokens,
-                elapsed_s: elapsed(&state),
+    let coordinator = crate::parallel::start_coordinator(&config)?;
+    // One replica per local device, each on its own thread (burn-collective registers the
+    // local peers together); rank `first_rank` of this process runs on this thread.
+    let report = std::thread::scope(|scope| -> Result<ReplicaReport, TrainError> {
+        let mut followers = Vec::new();
+        for (i, device) in devices.iter().enumerate().skip(1) {
+            let (plan, data, collective, resume_dir) =
+                (&plan, &data, collective.clone(), resume_dir.as_deref());
+            let model = model.clone().fork(device);
+            followers.push(scope.spawn(move || {
+                let replica =
+                    build_replica(plan, data, &model, first_rank + i, device, collective, resume_dir)?;
+                run_replica(plan, replica, model, None)
+            }));
+        }
+        let ours = (|| {
+            let leader_parts = match leads {
+                true => Some((
+                    MetricsLog::open(&run_dir.join(files::METRICS))?,
+                    crate::feed::val_view(data.clone(), &config)?,
+                )),
+                false => None,
             };
-            log(&record.to_string());
-            metrics_log.write(&Record::Train(record))?;
-            (interval_tokens, interval_s, interval_wait) = (0, 0.0, Duration::ZERO);
+            let replica = build_replica(
+                &plan,
+                &data,
+                &model,
+                first_rank,
+                &device,
+                collective.clone(),
+                resume_dir.as_deref(),
+            )?;
+            log(&replica.feed.description);
+            let leader = leader_parts.map(|(metrics, val)| Leader {
+                log: &mut *log,
+                metrics,
+                val,
+                run_dir: &run_dir,
+                stop: &stop,
+            });
+            run_replica(&plan, replica, model, leader)
+        })();
+        // Report the cause: the first error that is not another rank's reaction to it.
+        let mut errors: Vec<TrainError> = Vec::new();
+        let report = match ours {
+            Ok(report) => Some(report),
+            Err(e) => {
+                errors.push(e);
+                None
+            }
+        };
+        for follower in followers {
+            match follower.join() {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => errors.push(e),
+                Err(_) => errors.push(TrainError::Sync("a replica thread panicked".into())),
+            }
         }
-        let due = |every: u64| every > 0 && step % every == 0;
-        if due(config.eval_every) || last {
-            let record = EvalRecord::new(step, val_loss(&model, &val)?, elapsed(&state));
-            final_val_loss = Some(record.val_loss);
-            log(&record.to_string());
-            metrics_log.write(&Record::Eval(record))?;
+        let cause = errors.iter().position(|e| !matches!(e, TrainError::Sync(_))).unwrap_or(0);
+        match report {
+            Some(report) if errors.is_empty() => Ok(report),
+            _ => Err(errors.swap_remove(cause)),
         }
-        if due(config.checkpoint_every) || last {
-            let mut saved = state.clone();
-            saved.elapsed_s = elapsed(&state);
-            let dir = checkpoint::save(&run_dir, &saved, &model, &optimizer, config.keep_checkpoints)?;
-            write_atomic(&dir.join(files::CONFIG), config.to_toml().as_bytes())?;
-            log(&format!("checkpoint {}", dir.display()));
-        }
-        if stop_now && step < config.max_steps {
-            log(&format!(
-                "stopped after step {step}; continue with `ember train --resume {}`",
-                run_dir.display()
-            ));
-            stopped_early = true;
-            break;
-        }
+    });
+    if collective.is_some() {
+        // Leave burn-collective's process-wide server clean for the next run in this process
+        // (after a failure, peers and operations may be left pending).
+        // After a lost peer, burn-collective's server may itself be gone (it panics there).
+        let _ = std::panic::catch_unwind(burn::collective::reset_collective::<B::InnerBackend>);
     }
+    drop(coordinator);
+    let report = report?;
     Ok(RunSummary {
-        steps: state.step,
-        final_val_loss,
+        steps: report.steps,
+        final_val_loss: report.final_val_loss,
         wall_s: session.elapsed().as_secs_f64(),
-        elapsed_s: elapsed(&state),
-        tokens_per_sec: session_tokens as f64 / session_step_s.max(1e-9),
-        stopped_early,
+        elapsed_s: report.elapsed_s,
+        tokens_per_sec: report.tokens as f64 / report.step_s.max(1e-9),
+        stopped_early: report.stopped_early,
     })
+}
+
+/// A replica of rank `rank` on `device`: its optimizer for `model` (restored from
+/// `resume_dir`), its data shard, and its link to the other ranks (`collective`: `None` for a
+/// single rank).
+fn build_replica<B: AutodiffBackend>(
+    plan: &Plan<'_>,
+    data: &Arc<PreparedData>,
+    model: &LanguageModel<B>,
+    rank: usize,
+    device: &B::Device,
+    collective: Option<crate::parallel::Group>,
+    resume_dir: Option<&Path>,
+) -> Result<Replica<B>, TrainError> {
+    let config = plan.config;
+    let feed = Feed::start(data.clone(), config, plan.start.sampler, rank, config.world_size())?;
+    let mut optimizer = AdamWGroups::new(&config.optimizer, model);
+    if let Some(dir) = resume_dir {
+        optimizer = checkpoint::load_optimizer(dir, optimizer, device)?;
+    }
+    let sync: Box<dyn GradSync<B> + Send> = match collective {
+        None => Box::new(Solo),
+        Some(collective) => Box::new(crate::parallel::join::<B>(config, rank, device, collective)?),
+    };
+    Ok(Replica { rank, device: device.clone(), optimizer, feed, sync })
 }
 
 /// A new run must not overwrite another one. A run directory without a checkpoint holds

@@ -1,5 +1,7 @@
 //! `train_step`: one optimizer step, the six steps of the training iteration in order.
 
+use std::time::{Duration, Instant};
+
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::Tensor;
@@ -9,23 +11,75 @@ use ember_model::{LanguageModel, Packing};
 use crate::batch::to_tensors;
 use crate::error::TrainError;
 use crate::loss::nll_sum;
-use crate::optim::{clip_grad_norm, AdamWGroups};
+use crate::optim::{clip_grad_norm, scale_grads, AdamWGroups};
+use crate::sync::{Contribution, GradSync};
 
 /// What one optimizer step measured. Tensors stay on the device: reading them is a host sync,
 /// done only at logging steps.
-pub struct StepOutput<B: burn::tensor::backend::Backend> {
-    /// Mean NLL of the global batch, nats/token: Σ NLL ÷ scored tokens of all micro-batches.
+pub struct StepOutput<B: Backend> {
+    /// Mean NLL of the global batch, nats/token: Σ NLL ÷ scored tokens of all micro-batches of
+    /// all ranks.
     pub loss: Tensor<B, 1>,
-    /// Global L2 norm of the gradient before clipping.
+    /// Global L2 norm of the (reduced) gradient before clipping.
     pub grad_norm: Tensor<B, 1>,
     /// Scored target positions in the global batch.
     pub scored_tokens: usize,
+    /// Some rank asked to stop after this step (Ctrl-C, `q`): every rank stops.
+    pub stop: bool,
+    /// The parameter hashes compared in this step's exchange: `Some(true)` when every rank
+    /// had the same parameters after the previous step.
+    pub replicas_agree: Option<bool>,
+    /// Time in the gradient exchange (including waiting for slower ranks).
+    pub sync_time: Duration,
 }
 
-/// Steps 1–4 of the iteration: for each micro-batch, forward, loss ÷ the global batch's
-/// scored-token count, backward; gradients summed over micro-batches. Returns the summed
-/// gradients (equal to the full global batch's gradient of its token-mean loss), the loss
-/// (nats/token, `[1]`) and the number of scored tokens.
+/// Per-step inputs besides the data.
+#[derive(Clone, Copy, Debug)]
+pub struct StepSettings {
+    /// Optimizer step, from 1.
+    pub step: u64,
+    /// Learning rate of this step.
+    pub lr: f64,
+    /// Global-norm clip (0 = off).
+    pub grad_clip: f64,
+    /// This rank asks every rank to stop after this step.
+    pub stop: bool,
+    /// This rank's parameter hash (after the previous step), to compare across ranks.
+    pub param_hash: Option<u64>,
+}
+
+/// Steps 2–4 on one rank: for each micro-batch, forward, Σ NLL over its scored targets,
+/// backward; gradients summed over micro-batches. Returns `∇ Σ NLL`, `Σ NLL` (nats, `[1]`) and
+/// the scored-token count — not yet divided by the global count, which only the gradient
+/// exchange knows.
+pub fn accumulate<B: AutodiffBackend>(
+    model: &LanguageModel<B>,
+    micro_batches: &[Batch],
+    device: &B::Device,
+) -> (GradientsParams, Tensor<B::InnerBackend, 1>, usize) {
+    let mut accumulator = GradientsAccumulator::new();
+    let mut nll_total: Option<Tensor<B::InnerBackend, 1>> = None;
+    for batch in micro_batches {
+        // 2. Forward: logits for every position (teacher forcing), [B, T, V]; rows that pack
+        //    several documents attend within each document only when masking is on.
+        // 3. Loss: Σ NLL over this micro-batch's scored targets (normalized after the sync).
+        let nll = batch_nll(model, batch, device);
+        // 4. Backward; Burn's accumulator sums the micro-steps' gradients.
+        let grads = GradientsParams::from_grads(nll.backward(), model);
+        accumulator.accumulate(model, grads);
+        let detached = nll.inner();
+        nll_total = Some(match nll_total {
+            Some(sum) => sum + detached,
+            None => detached,
+        });
+    }
+    let nll = nll_total.unwrap_or_else(|| Tensor::zeros([1], device));
+    (accumulator.grads(), nll, micro_batches.iter().map(Batch::scored_tokens).sum())
+}
+
+/// Steps 1–4 for a single worker, normalized: the gradient and the loss (nats/token, `[1]`)
+/// of Σ NLL ÷ the scored tokens of all `micro_batches` — equal to the full batch's token-mean
+/// loss and its gradient — and the scored-token count.
 ///
 /// Errors: [`TrainError::NoScoredTokens`] when no target of any micro-batch is scored.
 pub fn forward_backward<B: AutodiffBackend>(
@@ -34,58 +88,105 @@ pub fn forward_backward<B: AutodiffBackend>(
     step: u64,
     device: &B::Device,
 ) -> Result<(GradientsParams, Tensor<B::InnerBackend, 1>, usize), TrainError> {
-    // 1. Data: the caller drew this step's micro-batches (a pure function of seed and step).
-    //    The loss is normalized by the scored tokens of the *global* batch — all micro-steps
-    //    (and, with data parallelism, all ranks) — so that the accumulated gradient equals the
-    //    full-batch gradient even when masks are uneven.
-    let scored_tokens: usize = micro_batches.iter().map(Batch::scored_tokens).sum();
-    if scored_tokens == 0 {
+    let (mut grads, nll, tokens) = accumulate(model, micro_batches, device);
+    if tokens == 0 {
         return Err(TrainError::NoScoredTokens { step });
     }
-    let mut accumulator = GradientsAccumulator::new();
-    let mut loss_sum: Option<Tensor<B::InnerBackend, 1>> = None;
-    for batch in micro_batches {
-        // 2. Forward: logits for every position (teacher forcing), [B, T, V]; rows that pack
-        //    several documents attend within each document only when masking is on.
-        // 3. Loss: this micro-batch's Σ NLL over its scored targets ÷ the global count.
-        let loss = batch_nll(model, batch, device) / scored_tokens as f64;
-        // 4. Backward; Burn's accumulator sums the micro-steps' gradients, which is right
-        //    because each loss is already divided by the global token count.
-        let grads = GradientsParams::from_grads(loss.backward(), model);
-        accumulator.accumulate(model, grads);
-        let detached = loss.inner();
-        loss_sum = Some(match loss_sum {
-            Some(sum) => sum + detached,
-            None => detached,
-        });
-    }
-    let loss = loss_sum.expect("at least one micro-batch, since scored_tokens > 0");
-    Ok((accumulator.grads(), loss, scored_tokens))
+    scale_grads(model, &mut grads, 1.0 / tokens as f64);
+    Ok((grads, nll / tokens as f64, tokens))
 }
 
-/// One optimizer step over `micro_batches` (one per accumulation step), with learning rate
-/// `lr` and global-norm clip `grad_clip` (0 = off). Returns the updated model.
+/// The gradient of the global batch's token-mean loss, identical on every rank.
+pub struct GlobalGradients<B: AutodiffBackend> {
+    /// `∇ (Σ NLL ÷ scored tokens)` over all micro-batches of all ranks.
+    pub grads: GradientsParams,
+    /// Mean NLL of the global batch, nats/token, `[1]`.
+    pub loss: Tensor<B::InnerBackend, 1>,
+    /// Scored target positions in the global batch.
+    pub scored_tokens: usize,
+    /// Some rank asked to stop after this step.
+    pub stop: bool,
+    /// `Some(true)` when the parameter hashes were compared and agreed.
+    pub replicas_agree: Option<bool>,
+    /// Time in the gradient exchange (including waiting for slower ranks).
+    pub sync_time: Duration,
+}
+
+/// Steps 2–5 on one rank: forward, loss and backward over this rank's `micro_batches` with
+/// nothing communicated, then one exchange that sums the gradients, Σ NLL and scored-token
+/// counts of every rank (plus the stop flag and parameter hashes of `settings`), and the
+/// normalization by the global batch's scored tokens — all micro-steps, all ranks — so the
+/// result equals the full global batch's gradient even with uneven masks.
+///
+/// Errors: [`TrainError::NoScoredTokens`] when no target of the global batch is scored; the
+/// exchange's errors (a rank failed, a timeout).
+pub fn global_gradients<B: AutodiffBackend>(
+    model: &LanguageModel<B>,
+    micro_batches: &[Batch],
+    settings: &StepSettings,
+    sync: &mut dyn GradSync<B>,
+    device: &B::Device,
+) -> Result<GlobalGradients<B>, TrainError> {
+    let (grads, nll_sum, tokens) = accumulate(model, micro_batches, device);
+    let started = Instant::now();
+    let local = Contribution {
+        grads,
+        nll_sum,
+        tokens: tokens as f64,
+        stop: settings.stop,
+        param_hash: settings.param_hash,
+    };
+    let global = sync.exchange(model, local)?;
+    let sync_time = started.elapsed();
+    let scored_tokens = global.tokens.round() as usize;
+    if scored_tokens == 0 {
+        return Err(TrainError::NoScoredTokens { step: settings.step });
+    }
+    let mut grads = global.grads;
+    scale_grads(model, &mut grads, 1.0 / scored_tokens as f64);
+    Ok(GlobalGradients {
+        grads,
+        loss: global.nll_sum / scored_tokens as f64,
+        scored_tokens,
+        stop: global.stop,
+        replicas_agree: global.hashes_agree,
+        sync_time,
+    })
+}
+
+/// One optimizer step over this rank's `micro_batches` (one per accumulation step). Returns
+/// the updated model.
 ///
 /// Seed the backend before calling (dropout draws from it) to make the step reproducible.
 ///
-/// Errors: [`TrainError::NoScoredTokens`] when no target of any micro-batch is scored.
+/// Errors: as [`global_gradients`].
 pub fn train_step<B: AutodiffBackend>(
     model: LanguageModel<B>,
     optimizer: &mut AdamWGroups<LanguageModel<B>, B>,
     micro_batches: &[Batch],
-    step: u64,
-    lr: f64,
-    grad_clip: f64,
+    settings: StepSettings,
+    sync: &mut dyn GradSync<B>,
     device: &B::Device,
 ) -> Result<(LanguageModel<B>, StepOutput<B::InnerBackend>), TrainError> {
-    // 1–4. Data, forward, loss, backward (see `forward_backward`).
-    let (mut grads, loss, scored_tokens) = forward_backward(&model, micro_batches, step, device)?;
-    // 5. Gradient sync: a single worker has nothing to all-reduce.
-    // 6. Optimizer: clip by the global norm, AdamW (decay on 2-D weights only) at this step's
-    //    learning rate; the gradients are consumed, so nothing carries into the next step.
-    let grad_norm = clip_grad_norm(&model, &mut grads, grad_clip);
-    let model = optimizer.step(lr, model, grads);
-    Ok((model, StepOutput { loss, grad_norm, scored_tokens }))
+    // 1. Data: the caller drew this step's micro-batches from this rank's shard.
+    // 2–4. Forward, loss, backward over the micro-batches; nothing is communicated.
+    // 5. Gradient sync, once per optimizer step, and normalization by the global token count.
+    let global = global_gradients(&model, micro_batches, &settings, sync, device)?;
+    let mut grads = global.grads;
+    // 6. Optimizer: clip by the global norm of the reduced gradient (the same on every rank),
+    //    AdamW (decay on 2-D weights only) at this step's learning rate; the gradients are
+    //    consumed, so nothing carries into the next step.
+    let grad_norm = clip_grad_norm(&model, &mut grads, settings.grad_clip);
+    let model = optimizer.step(settings.lr, model, grads);
+    let output = StepOutput {
+        loss: global.loss,
+        grad_norm,
+        scored_tokens: global.scored_tokens,
+        stop: global.stop,
+        replicas_agree: global.replicas_agree,
+        sync_time: global.sync_time,
+    };
+    Ok((model, output))
 }
 
 /// Σ NLL (nats) over the scored targets of `batch`: forward (with document masking when the

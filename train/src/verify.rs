@@ -16,7 +16,8 @@ use serde_json::Value;
 use crate::config::OptimizerConfig;
 use crate::error::TrainError;
 use crate::optim::{clip_grad_norm, AdamWGroups};
-use crate::step::{forward_backward, train_step};
+use crate::step::{forward_backward, train_step, StepSettings};
+use crate::sync::Solo;
 
 /// Relative tolerance of the initial loss and gradient norms.
 pub const REL_TOL: f64 = 1e-5;
@@ -362,7 +363,8 @@ pub fn verify<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Repo
         let mut optimizer = AdamWGroups::new(&opt, &model);
         let mut losses = Vec::new();
         for step in 1..=steps as u64 {
-            let (next, out) = train_step(model, &mut optimizer, batches, step, lr, opt.grad_clip, device)?;
+            let settings = StepSettings { step, lr, grad_clip: opt.grad_clip, stop: false, param_hash: None };
+            let (next, out) = train_step(model, &mut optimizer, batches, settings, &mut Solo, device)?;
             model = next;
             if step == 1 && name == "accumulated" {
                 let tw = "/grad_accum/token_weighted";

@@ -1,0 +1,129 @@
+//! Several `ember train` processes joined through burn-collective's orchestrator on
+//! 127.0.0.1 (loopback only): they train the Shakespeare CPU config as one process with the
+//! whole global batch does, and a node that disappears stops the other within the timeout.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// The Shakespeare corpus prepared (character level) in a new work directory, or `None`
+/// (test skipped) without `EMBER_SHARED`.
+fn shakespeare() -> Option<tempfile::TempDir> {
+    let Some(shared) = std::env::var_os("EMBER_SHARED") else {
+        eprintln!("skipping: EMBER_SHARED is not set (the Tiny Shakespeare corpus lives there)");
+        return None;
+    };
+    let corpus = PathBuf::from(shared).join("data/tinyshakespeare.txt");
+    let dir = tempfile::tempdir().unwrap();
+    ok(
+        &["prepare", "--tokenizer", "char", "--input", corpus.to_str().unwrap(), "--out", "prepared"],
+        dir.path(),
+    );
+    Some(dir)
+}
+
+fn example_config() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/shakespeare_char.toml")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A coordinator port with the 5 ports after it free on 127.0.0.1 (two orchestrators, two
+/// data-service ports per node).
+fn free_ports() -> u16 {
+    let base = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    (0..200u16)
+        .map(|i| 20000 + (base.wrapping_mul(7).wrapping_add(i * 37)) % 40000)
+        .find(|&p| (p..p + 6).all(|q| TcpListener::bind(("0.0.0.0", q)).is_ok()))
+        .expect("6 free ports")
+}
+
+/// Starts node `rank` of 2.
+fn node(dir: &Path, rank: usize, port: u16, extra: &[&str]) -> Child {
+    let coordinator = format!("127.0.0.1:{port}");
+    let run_dir = format!("runs/node{rank}");
+    let rank = rank.to_string();
+    let config = example_config();
+    let mut args = vec!["train", "--config", &config, "--data", "prepared", "--run-dir", &run_dir];
+    args.extend(["--nodes", "2", "--node-rank", &rank, "--coordinator", &coordinator]);
+    args.extend(extra);
+    Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(&args)
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ember starts")
+}
+
+#[test]
+fn two_processes_match_one_process_with_twice_the_micro_batch() {
+    let Some(dir) = shakespeare() else { return };
+    let w = dir.path();
+    let steps = ["--set", "max_steps=50", "--set", "eval_every=0", "--set", "log_every=1"];
+    let port = free_ports();
+    let nodes: Vec<Child> = (0..2).map(|rank| node(w, rank, port, &steps)).collect();
+    for (rank, child) in nodes.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "node {rank} failed\nstdout:\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let config = example_config();
+    let mut single = vec!["train", "--config", &config, "--data", "prepared", "--run-dir", "runs/single"];
+    single.extend(steps);
+    single.extend(["--set", "micro_batch_size=24"]);
+    ok(&single, w);
+    let (two, one) = (train_losses(&w.join("runs/node0")), train_losses(&w.join("runs/single")));
+    assert_eq!(two.len(), 50);
+    for ((step, a), (_, b)) in two.iter().zip(&one) {
+        assert!((a - b).abs() <= 1e-4, "step {step}: loss {a} (2 processes × 12) vs {b} (1 process × 24)");
+    }
+    // Node 0 writes the run; node 1 writes nothing but its log.
+    assert!(w.join("runs/node0/checkpoints/latest").exists());
+    assert!(!w.join("runs/node1/metrics.jsonl").exists());
+}
+
+#[test]
+fn a_node_that_disappears_stops_the_other_within_the_timeout() {
+    let Some(dir) = shakespeare() else { return };
+    let w = dir.path();
+    let port = free_ports();
+    let extra = [
+        "--set",
+        "max_steps=100000",
+        "--set",
+        "eval_every=0",
+        "--set",
+        "log_every=1",
+        "--set",
+        "parallel.timeout_s=5",
+    ];
+    let node0 = node(w, 0, port, &extra);
+    let mut node1 = node(w, 1, port, &extra);
+    // Let them train a few steps, then kill node 1.
+    let metrics = w.join("runs/node0/metrics.jsonl");
+    let started = Instant::now();
+    while std::fs::read_to_string(&metrics).map(|m| m.lines().count()).unwrap_or(0) < 3 {
+        assert!(started.elapsed() < Duration::from_secs(120), "the nodes did not start training");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    node1.kill().unwrap();
+    let killed = Instant::now();
+    let out = node0.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "node 0 stops with an error\n{stderr}");
+    assert!(stderr.contains("rank 0: ") && stderr.contains("a rank stopped or disconnected)"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(killed.elapsed() < Duration::from_secs(30), "stopped after {:?}", killed.elapsed());
+    let _ = node1.wait();
+}
