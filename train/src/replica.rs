@@ -259,6 +259,6 @@ pub(crate) fn test_switch(name: &str, rank: usize) -> Option<u64> {
 fn check_due(config: &RunConfig, step: u64, logging: bool) -> bool {
     match config.parallel.check_every {
         0 => logging,
-        every => step % every == 0,
+        every => step.is_multiple_of(every),
     }
 }

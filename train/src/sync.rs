@@ -255,7 +255,7 @@ impl<B: AutodiffBackend> GradSync<B> for CollectivePeer<B> {
         let buffer = Tensor::cat(vec![flat.clone(), local.nll_sum.to_device(&self.device), extras], 0);
         let reduced = self.all_reduce(buffer)?;
         let tail: Vec<f32> =
-            reduced.clone().slice([n..n + EXTRAS]).into_data().convert::<f32>().to_vec().expect("f32");
+            reduced.clone().slice(n..n + EXTRAS).into_data().convert::<f32>().to_vec().expect("f32");
         let (tokens, stop, failed) = (tail[1] as f64, tail[2] > 0.0, tail[3]);
         if failed > 0.0 {
             return Err(TrainError::Sync(format!(
@@ -271,9 +271,9 @@ impl<B: AutodiffBackend> GradSync<B> for CollectivePeer<B> {
                 sum_sq * w == sum * sum
             })
         });
-        let flat_global = if self.skip_at == Some(self.calls) { flat } else { reduced.clone().slice([0..n]) };
+        let flat_global = if self.skip_at == Some(self.calls) { flat } else { reduced.clone().slice(0..n) };
         let grads = unflatten::<B>(model, flat_global);
-        let nll_sum = reduced.slice([n..n + 1]);
+        let nll_sum = reduced.slice(n..n + 1);
         Ok(Exchanged { grads, nll_sum, tokens, stop, hashes_agree })
     }
 
@@ -363,7 +363,7 @@ fn unflatten<B: AutodiffBackend>(
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             let shape = param.lazy_shape();
             let numel = shape.num_elements();
-            let piece = self.flat.clone().slice([self.offset..self.offset + numel]).reshape(shape);
+            let piece = self.flat.clone().slice(self.offset..self.offset + numel).reshape(shape);
             self.offset += numel;
             let id: ParamId = param.id;
             self.grads.register::<B::InnerBackend, D>(id, piece);
