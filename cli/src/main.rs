@@ -10,9 +10,13 @@ macro_rules! out {
     };
 }
 
+mod bench;
+mod dashboard;
+mod estimate;
 mod prepare;
 mod tokenizer;
 mod train;
+mod watch;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -88,6 +92,12 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
     },
+    /// The dashboard of a run in progress or finished (plain lines when not in a terminal).
+    Watch(watch::WatchArgs),
+    /// Memory and FLOP accounting of a config: parameters, bytes, activations, FLOPs, time per step.
+    Estimate(estimate::EstimateArgs),
+    /// Optimizer steps on random tokens: tokens/s, time per phase, MFU, peak memory.
+    Bench(bench::BenchArgs),
     /// Run burn-collective's global orchestrators for `ember train --nodes M` (when node 0
     /// does not start them itself: `parallel.start_coordinator = false`).
     Coordinator {
@@ -129,7 +139,7 @@ impl SourceArgs {
     }
 }
 
-fn parse_backend(s: &str) -> Result<BackendKind, String> {
+pub(crate) fn parse_backend(s: &str) -> Result<BackendKind, String> {
     match s {
         "flex" => Ok(BackendKind::Flex),
         "cuda" => Ok(BackendKind::Cuda),
@@ -173,6 +183,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Watch(args) => watch::run(args),
+        Command::Estimate(args) => estimate::run(args),
+        Command::Bench(args) => bench::run(args),
         Command::Coordinator { bind } => {
             let port_text = bind.rsplit(':').next().unwrap_or(&bind);
             let port: u16 = port_text

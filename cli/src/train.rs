@@ -1,11 +1,13 @@
 //! `ember train`.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
+use ember_train::controls::Controls;
 use ember_train::run::files;
 use ember_train::{RunConfig, RunOptions};
 
@@ -40,6 +42,12 @@ pub struct TrainArgs {
     /// The orchestrator's address. Sets `parallel.coordinator`.
     #[arg(long, value_name = "HOST:PORT")]
     coordinator: Option<String>,
+    /// Show the dashboard even when stdout is not a terminal.
+    #[arg(long, conflicts_with = "no_tui")]
+    tui: bool,
+    /// Plain log lines even in a terminal.
+    #[arg(long)]
+    no_tui: bool,
 }
 
 impl TrainArgs {
@@ -73,10 +81,10 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     if let Some(data) = args.data {
         config.data = Some(data);
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
+    let controls = Arc::new(Controls::default());
+    let flag = controls.clone();
     ctrlc::set_handler(move || {
-        if flag.swap(true, Ordering::SeqCst) {
+        if flag.stop.swap(true, Ordering::SeqCst) {
             eprintln!("\ninterrupted again: exiting without a checkpoint");
             std::process::exit(130);
         }
@@ -84,11 +92,22 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     })
     .context("cannot install the Ctrl-C handler")?;
 
-    out!("run directory: {}", run_dir.display());
-    let summary = ember_train::commands::train_run(
-        RunOptions { config, run_dir: run_dir.clone(), resume, stop },
-        &mut |line| out!("{line}"),
-    )?;
+    if config.parallel.node_rank == 0 {
+        out!("run directory: {}", run_dir.display());
+    } else {
+        out!(
+            "node {} of {}: node 0 writes the run directory",
+            config.parallel.node_rank,
+            config.parallel.nodes
+        );
+    }
+    let use_tui = args.tui || (!args.no_tui && std::io::stdout().is_terminal());
+    let options = RunOptions { config, run_dir: run_dir.clone(), resume, controls };
+    let summary = if use_tui {
+        with_dashboard(options)?
+    } else {
+        ember_train::commands::train_run(options, &mut |line| out!("{line}"))?
+    };
     let val = summary
         .final_val_loss
         .map(|v| format!("val loss {v:.4} (ppl {:.2})", v.exp()))
@@ -103,4 +122,45 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         run_dir.display()
     );
     Ok(())
+}
+
+/// Trains on a background thread with the dashboard on this one; the log lines are printed
+/// after the dashboard closes.
+fn with_dashboard(options: RunOptions) -> anyhow::Result<ember_train::RunSummary> {
+    let dashboard = crate::dashboard::for_run(&options.run_dir, Some(&options.config));
+    let tail = crate::dashboard::MetricsTail::new(&options.run_dir);
+    let controls = options.controls.clone();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let (log_tx, log_rx) = std::sync::mpsc::channel::<String>();
+    let training = std::thread::spawn(move || {
+        ember_train::commands::train_run(options, &mut |line| {
+            let _ = tx.send(line.to_string());
+            let _ = log_tx.send(line.to_string());
+        })
+    });
+    let finished = || training.is_finished().then(|| "finished: press any key".to_string());
+    let mut terminal = ratatui::init();
+    let shown = crate::dashboard::run(
+        &mut terminal,
+        dashboard,
+        crate::dashboard::Attached {
+            tail,
+            logs: Some(log_rx),
+            controls: Some(controls),
+            finished: &finished,
+        },
+    );
+    ratatui::restore();
+    let (frames, seconds) = shown?.frames;
+    for line in rx {
+        out!("{line}");
+    }
+    let summary = training.join().map_err(|_| anyhow::anyhow!("the training thread panicked"))??;
+    out!(
+        "dashboard: {frames} frames, {:.2} ms each, {:.2}% of one core over {:.1} s",
+        1e3 * seconds / frames.max(1) as f64,
+        100.0 * seconds / summary.wall_s.max(1e-9),
+        summary.wall_s
+    );
+    Ok(summary)
 }

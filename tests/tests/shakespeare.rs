@@ -42,7 +42,8 @@ fn char_model_on_tiny_shakespeare_learns_like_the_reference() {
     let mut config = RunConfig::load(&config_path, &overrides).unwrap();
     config.data = Some(data);
     config.optimizer.lr_decay_steps = Some(2000); // the schedule of the full 2000-step run
-    let options = RunOptions { config, run_dir: dir.path().join("run"), resume: false, stop: Arc::default() };
+    let options =
+        RunOptions { config, run_dir: dir.path().join("run"), resume: false, controls: Arc::default() };
     let mut lines = Vec::new();
     let summary =
         train::<Autodiff<Flex>>(options, Default::default(), &mut |l| lines.push(l.to_string())).unwrap();

@@ -194,3 +194,75 @@ pub fn hf_config(config: &ember_model::ModelConfig) -> serde_json::Value {
         }),
     }
 }
+
+/// Benchmarks `config` on `backend` (default: the config's): `warmup` then `steps` optimizer
+/// steps on random tokens. The vocabulary comes from `model.vocab_size`, the preset, or the
+/// prepared `data` directory. `peak_flops` overrides the device table for the MFU.
+///
+/// Errors: an unknown vocabulary, an unusable backend.
+pub fn bench_run(
+    mut config: crate::RunConfig,
+    steps: usize,
+    warmup: usize,
+    backend: Option<BackendKind>,
+    peak_flops: Option<f64>,
+) -> Result<crate::bench::BenchReport, TrainError> {
+    if let Some(dir) = config.data.clone().filter(|d| d.is_dir()) {
+        let data = ember_data::PreparedData::open(&dir)?;
+        config
+            .resolve_vocab(data.meta.vocab_size)
+            .map_err(|(key, message)| crate::config::ConfigError::Key { path: dir.clone(), key, message })?;
+    } else {
+        // No data: the preset's vocabulary, if it has one.
+        let _ = config.resolve_vocab(0);
+    }
+    if config.model.vocab_size() == 0 {
+        return Err(crate::config::ConfigError::Key {
+            path: "config".into(),
+            key: "model.vocab_size".into(),
+            message: "unknown: set it (--set model.vocab_size=N) or point `data` at a prepared directory"
+                .into(),
+        }
+        .into());
+    }
+    struct Task {
+        config: crate::RunConfig,
+        steps: usize,
+        warmup: usize,
+        peak_flops: Option<f64>,
+        name: String,
+    }
+    impl BackendTask for Task {
+        type Output = crate::bench::BenchReport;
+        fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Result<Self::Output, TrainError> {
+            let device = devices.into_iter().next().expect("one device");
+            crate::bench::bench::<B>(
+                &self.config,
+                self.steps,
+                self.warmup,
+                self.peak_flops,
+                &device,
+                self.name,
+            )
+        }
+    }
+    let kind = backend.unwrap_or(config.backend);
+    let (name, table_peak) = match kind {
+        BackendKind::Flex => (format!("cpu (burn-flex, {} threads)", rayon_threads()), None),
+        BackendKind::Cuda => {
+            let model = crate::bench::gpu_model(config.device).unwrap_or_else(|| "unknown NVIDIA GPU".into());
+            let peak = crate::accounting::known_peak_flops(&model);
+            (format!("cuda:{} ({model})", config.device), peak)
+        }
+    };
+    let peak_flops = peak_flops.or(config.peak_flops).or(table_peak);
+    let device = config.device;
+    run_on(kind, &[device], Task { config, steps, warmup, peak_flops, name })
+}
+
+fn rayon_threads() -> usize {
+    std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}

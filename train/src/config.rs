@@ -189,6 +189,9 @@ pub struct RunConfig {
     /// Backend: `"flex"` (CPU) or `"cuda"`.
     #[serde(default)]
     pub backend: BackendKind,
+    /// Peak FLOP/s of one device for MFU (default: the table of known GPUs; none on the CPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_flops: Option<f64>,
     /// Device index for CUDA (`cuda:N`); the first of `devices` when there are several.
     #[serde(default)]
     pub device: usize,

@@ -8,11 +8,14 @@
 //! ([`schedule`]), and checkpoints resume bit-exactly ([`checkpoint`]).
 #![warn(missing_docs)]
 
+pub mod accounting;
 pub mod backend;
 pub mod batch;
+pub mod bench;
 pub mod checkpoint;
 pub mod commands;
 pub mod config;
+pub mod controls;
 pub mod error;
 pub mod eval;
 pub mod feed;

@@ -48,6 +48,30 @@ pub struct TrainRecord {
     /// per optimizer step; 0 for a single rank).
     #[serde(default)]
     pub allreduce_calls: u64,
+    /// Seconds of the logged step's forward and backward passes (device-synchronized).
+    #[serde(default)]
+    pub forward_backward_s: f64,
+    /// Seconds of the logged step's clipping and optimizer update (device-synchronized).
+    #[serde(default)]
+    pub optimizer_s: f64,
+    /// Seconds of the logged step's wait for data.
+    #[serde(default)]
+    pub data_s: f64,
+    /// Seconds of the logged step's gradient exchange.
+    #[serde(default)]
+    pub step_sync_s: f64,
+    /// Seconds spent evaluating since the previous record.
+    #[serde(default)]
+    pub eval_s: f64,
+    /// Seconds spent writing checkpoints since the previous record.
+    #[serde(default)]
+    pub checkpoint_s: f64,
+    /// Model FLOPs utilization over the interval (`null` when the device's peak is unknown).
+    #[serde(default)]
+    pub mfu: Option<f64>,
+    /// Resident memory of node 0's process at this step, bytes (`null` off Linux).
+    #[serde(default)]
+    pub rss_bytes: Option<u64>,
     /// The 64-bit parameter hash compared at this step (16 hex digits; `null` when not
     /// compared).
     #[serde(default)]
@@ -208,6 +232,14 @@ mod tests {
             replicas_agree: None,
             param_hash: None,
             allreduce_calls: 0,
+            forward_backward_s: 0.0,
+            optimizer_s: 0.0,
+            data_s: 0.0,
+            step_sync_s: 0.0,
+            eval_s: 0.0,
+            checkpoint_s: 0.0,
+            mfu: None,
+            rss_bytes: None,
             tokens: step * 10,
             elapsed_s: step as f64,
         })

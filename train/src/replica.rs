@@ -2,7 +2,6 @@
 //! and writes checkpoints.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use burn::module::AutodiffModule;
@@ -12,6 +11,7 @@ use ember_model::LanguageModel;
 
 use crate::checkpoint::{self, TrainState};
 use crate::config::RunConfig;
+use crate::controls::Controls;
 use crate::error::TrainError;
 use crate::eval::evaluate;
 use crate::feed::Feed;
@@ -47,8 +47,8 @@ pub struct Leader<'a> {
     pub val: DataView,
     /// The run directory.
     pub run_dir: &'a Path,
-    /// Set to stop every rank after the current step, with a checkpoint.
-    pub stop: &'a AtomicBool,
+    /// Stop, checkpoint-now and pause requests (acted on by every rank).
+    pub controls: &'a Controls,
 }
 
 /// The shared, read-only part of a run.
@@ -61,6 +61,8 @@ pub struct Plan<'a> {
     pub start: TrainState,
     /// When this session started.
     pub session: Instant,
+    /// Peak FLOP/s of one device, for MFU (config `peak_flops`, else the GPU table).
+    pub peak_flops: Option<f64>,
 }
 
 /// How a replica's session ended.
@@ -87,6 +89,8 @@ struct Interval {
     data_wait: Duration,
     sync: Duration,
     steps: u64,
+    eval: Duration,
+    checkpoint: Duration,
 }
 
 /// Trains `model` (this replica's copy, identical on every rank) from `plan.start` to
@@ -138,7 +142,22 @@ fn train_loop<B: AutodiffBackend>(
     let (mut interval, mut session_tokens, mut session_step_s) = (Interval::default(), 0u64, 0.0f64);
     let mut stopped_early = false;
     let fail_at = test_switch("EMBER_TEST_FAIL_RANK", r.rank);
+    let flops_per_token = crate::accounting::estimate(
+        &config.model,
+        config.micro_batch_size as u64,
+        config.model.block_size() as u64,
+        1,
+        1,
+        crate::accounting::Precision::Fp32,
+        true,
+        None,
+        1.0,
+    )
+    .flops_per_token as f64;
     for step in plan.start.step + 1..=config.max_steps {
+        if let Some(leader) = leader.as_deref() {
+            leader.controls.wait_while_paused();
+        }
         let started = Instant::now();
         if fail_at == Some(step) {
             return Err(TrainError::Feed(format!(
@@ -155,8 +174,9 @@ fn train_loop<B: AutodiffBackend>(
             step,
             lr: plan.schedule.lr(step),
             grad_clip: config.optimizer.grad_clip,
-            stop: leader.as_ref().is_some_and(|l| l.stop.load(Ordering::SeqCst)),
+            stop: leader.as_ref().is_some_and(|l| l.controls.stop_requested()),
             param_hash: check.then(|| param_hash(&model)),
+            timed: logging,
         };
         let (next, out) =
             train_step(model, &mut r.optimizer, &data.micro_batches, settings, r.sync.as_mut(), &r.device)?;
@@ -201,6 +221,18 @@ fn train_loop<B: AutodiffBackend>(
                     replicas_agree: out.replicas_agree,
                     param_hash: settings.param_hash.map(|h| format!("{h:016x}")),
                     allreduce_calls: r.sync.all_reduce_calls() as u64,
+                    forward_backward_s: out.forward_backward_time.as_secs_f64(),
+                    optimizer_s: out.optimizer_time.as_secs_f64(),
+                    data_s: data_wait.as_secs_f64(),
+                    step_sync_s: out.sync_time.as_secs_f64(),
+                    eval_s: interval.eval.as_secs_f64(),
+                    checkpoint_s: interval.checkpoint.as_secs_f64(),
+                    mfu: plan.peak_flops.map(|peak| {
+                        flops_per_token * interval.tokens as f64
+                            / interval.seconds.max(1e-9)
+                            / (peak * r.sync.world_size() as f64)
+                    }),
+                    rss_bytes: crate::bench::rss_bytes("VmRSS:"),
                     tokens: state.tokens,
                     elapsed_s: elapsed(&state),
                 };
@@ -210,13 +242,16 @@ fn train_loop<B: AutodiffBackend>(
             }
             let due = |every: u64| every > 0 && step % every == 0;
             if due(config.eval_every) || last {
+                let eval_started = Instant::now();
                 let record =
                     EvalRecord::new(step, val_loss(&model, &leader.val, &r.device)?, elapsed(&state));
                 final_val_loss = Some(record.val_loss);
                 (leader.log)(&record.to_string());
                 leader.metrics.write(&Record::Eval(record))?;
+                interval.eval += eval_started.elapsed();
             }
-            if due(config.checkpoint_every) || last {
+            if due(config.checkpoint_every) || last || leader.controls.take_checkpoint() {
+                let checkpoint_started = Instant::now();
                 let mut saved = state.clone();
                 saved.elapsed_s = elapsed(&state);
                 saved.world_size = r.sync.world_size();
@@ -224,6 +259,7 @@ fn train_loop<B: AutodiffBackend>(
                     checkpoint::save(leader.run_dir, &saved, &model, &r.optimizer, config.keep_checkpoints)?;
                 write_atomic(&dir.join(files::CONFIG), config.to_toml().as_bytes())?;
                 (leader.log)(&format!("checkpoint {}", dir.display()));
+                interval.checkpoint += checkpoint_started.elapsed();
             }
         }
         if out.stop && step < config.max_steps {

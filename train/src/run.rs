@@ -3,7 +3,6 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -14,6 +13,7 @@ use ember_model::LanguageModel;
 
 use crate::checkpoint::{self, TrainState, CHECKPOINT_VERSION};
 use crate::config::{ConfigError, RunConfig};
+use crate::controls::Controls;
 use crate::error::TrainError;
 use crate::feed::Feed;
 use crate::fsutil::write_atomic;
@@ -32,8 +32,8 @@ pub struct RunOptions {
     pub run_dir: PathBuf,
     /// Continue the run in `run_dir` from its latest checkpoint.
     pub resume: bool,
-    /// Set (e.g. by Ctrl-C) to stop after the current step, with a checkpoint.
-    pub stop: Arc<AtomicBool>,
+    /// Stop (e.g. Ctrl-C), checkpoint-now and pause requests.
+    pub controls: Arc<Controls>,
 }
 
 /// How a run ended.
@@ -121,7 +121,7 @@ pub fn train<B: AutodiffBackend>(
     devices: Vec<B::Device>,
     log: &mut dyn FnMut(&str),
 ) -> Result<RunSummary, TrainError> {
-    let RunOptions { mut config, run_dir, resume, stop } = options;
+    let RunOptions { mut config, run_dir, resume, controls } = options;
     let session = Instant::now();
     let wanted = config.devices.indices(config.device).len();
     let devices = match devices.len() {
@@ -264,6 +264,12 @@ pub fn train<B: AutodiffBackend>(
         },
         start: state,
         session,
+        peak_flops: config.peak_flops.or_else(|| {
+            (config.backend == crate::config::BackendKind::Cuda)
+                .then(|| crate::bench::gpu_model(config.device))
+                .flatten()
+                .and_then(|model| crate::accounting::known_peak_flops(&model))
+        }),
     };
     let data = Arc::new(data);
     let local = devices.len();
@@ -310,7 +316,7 @@ pub fn train<B: AutodiffBackend>(
                 metrics,
                 val,
                 run_dir: &run_dir,
-                stop: &stop,
+                controls: &controls,
             });
             run_replica(&plan, replica, model, leader)
         })();

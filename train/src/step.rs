@@ -31,6 +31,10 @@ pub struct StepOutput<B: Backend> {
     pub replicas_agree: Option<bool>,
     /// Time in the gradient exchange (including waiting for slower ranks).
     pub sync_time: Duration,
+    /// Forward and backward passes (with a device sync when `timed`).
+    pub forward_backward_time: Duration,
+    /// Clipping and the AdamW update (with a device sync when `timed`).
+    pub optimizer_time: Duration,
 }
 
 /// Per-step inputs besides the data.
@@ -46,6 +50,9 @@ pub struct StepSettings {
     pub stop: bool,
     /// This rank's parameter hash (after the previous step), to compare across ranks.
     pub param_hash: Option<u64>,
+    /// Wait for the device at the end of each phase, so their times are exact (costs a
+    /// host sync: logging steps only).
+    pub timed: bool,
 }
 
 /// Steps 2–4 on one rank: for each micro-batch, forward, Σ NLL over its scored targets,
@@ -110,6 +117,8 @@ pub struct GlobalGradients<B: AutodiffBackend> {
     pub replicas_agree: Option<bool>,
     /// Time in the gradient exchange (including waiting for slower ranks).
     pub sync_time: Duration,
+    /// Time of the forward and backward passes.
+    pub forward_backward_time: Duration,
 }
 
 /// Steps 2–5 on one rank: forward, loss and backward over this rank's `micro_batches` with
@@ -127,7 +136,12 @@ pub fn global_gradients<B: AutodiffBackend>(
     sync: &mut dyn GradSync<B>,
     device: &B::Device,
 ) -> Result<GlobalGradients<B>, TrainError> {
+    let started = Instant::now();
     let (grads, nll_sum, tokens) = accumulate(model, micro_batches, device);
+    if settings.timed {
+        let _ = B::sync(device);
+    }
+    let forward_backward_time = started.elapsed();
     let started = Instant::now();
     let local = Contribution {
         grads,
@@ -151,6 +165,7 @@ pub fn global_gradients<B: AutodiffBackend>(
         stop: global.stop,
         replicas_agree: global.hashes_agree,
         sync_time,
+        forward_backward_time,
     })
 }
 
@@ -176,8 +191,13 @@ pub fn train_step<B: AutodiffBackend>(
     // 6. Optimizer: clip by the global norm of the reduced gradient (the same on every rank),
     //    AdamW (decay on 2-D weights only) at this step's learning rate; the gradients are
     //    consumed, so nothing carries into the next step.
+    let started = Instant::now();
     let grad_norm = clip_grad_norm(&model, &mut grads, settings.grad_clip);
     let model = optimizer.step(settings.lr, model, grads);
+    if settings.timed {
+        let _ = B::sync(device);
+    }
+    let optimizer_time = started.elapsed();
     let output = StepOutput {
         loss: global.loss,
         grad_norm,
@@ -185,6 +205,8 @@ pub fn train_step<B: AutodiffBackend>(
         stop: global.stop,
         replicas_agree: global.replicas_agree,
         sync_time: global.sync_time,
+        forward_backward_time: global.forward_backward_time,
+        optimizer_time,
     };
     Ok((model, output))
 }

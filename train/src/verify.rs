@@ -363,7 +363,14 @@ pub fn verify<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Repo
         let mut optimizer = AdamWGroups::new(&opt, &model);
         let mut losses = Vec::new();
         for step in 1..=steps as u64 {
-            let settings = StepSettings { step, lr, grad_clip: opt.grad_clip, stop: false, param_hash: None };
+            let settings = StepSettings {
+                step,
+                lr,
+                grad_clip: opt.grad_clip,
+                stop: false,
+                param_hash: None,
+                timed: false,
+            };
             let (next, out) = train_step(model, &mut optimizer, batches, settings, &mut Solo, device)?;
             model = next;
             if step == 1 && name == "accumulated" {

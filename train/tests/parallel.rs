@@ -5,7 +5,6 @@
 mod common;
 
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use burn::module::{Module, ModuleVisitor, Param};
@@ -22,8 +21,7 @@ use ember_train::{train, RunConfig, RunOptions, TrainError};
 
 /// Trains `config` in `run_dir` with `train` (one replica per `devices` of the config).
 fn run(config: RunConfig, run_dir: &Path) -> Result<(), TrainError> {
-    let options =
-        RunOptions { config, run_dir: run_dir.into(), resume: false, stop: Arc::new(AtomicBool::new(false)) };
+    let options = RunOptions { config, run_dir: run_dir.into(), resume: false, controls: Arc::default() };
     train::<B>(options, Vec::new(), &mut |_| {}).map(|_| ())
 }
 
@@ -134,7 +132,8 @@ fn uneven_scored_tokens_give_the_global_token_mean() {
     let single_loss = scalar(single_loss);
 
     let group = Group::new(&config, 2);
-    let settings = StepSettings { step: 1, lr: 0.0, grad_clip: 0.0, stop: false, param_hash: None };
+    let settings =
+        StepSettings { step: 1, lr: 0.0, grad_clip: 0.0, stop: false, param_hash: None, timed: false };
     let results: Vec<_> = std::thread::scope(|scope| {
         let handles: Vec<_> = [rank0, rank1]
             .into_iter()
@@ -217,7 +216,8 @@ fn any_rank_count_resumes_a_checkpoint() {
     let run_dir = dir.path().join("run");
     run(tiny_config(&data, &["devices=2", "max_steps=3", "eval_every=0"]), &run_dir).unwrap();
     let more = tiny_config(&data, &["max_steps=5", "eval_every=0"]);
-    let options = RunOptions { config: more, run_dir: run_dir.clone(), resume: true, stop: Arc::default() };
+    let options =
+        RunOptions { config: more, run_dir: run_dir.clone(), resume: true, controls: Arc::default() };
     let mut lines = Vec::new();
     let summary = train::<B>(options, Vec::new(), &mut |l| lines.push(l.to_string())).unwrap();
     assert_eq!(summary.steps, 5);

@@ -3,15 +3,15 @@
 mod common;
 
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use common::*;
+use ember_train::controls::Controls;
 use ember_train::metrics::{read_records, Record};
 use ember_train::{train, RunConfig, RunOptions, RunSummary};
 
-fn run(config: RunConfig, run_dir: &Path, resume: bool, stop: Arc<AtomicBool>) -> RunSummary {
-    let options = RunOptions { config, run_dir: run_dir.into(), resume, stop };
+fn run(config: RunConfig, run_dir: &Path, resume: bool, controls: Arc<Controls>) -> RunSummary {
+    let options = RunOptions { config, run_dir: run_dir.into(), resume, controls };
     train::<B>(options, Default::default(), &mut |_| {}).unwrap()
 }
 
@@ -93,7 +93,7 @@ fn a_stop_request_checkpoints_and_the_run_resumes_from_there() {
     let dir = tempfile::tempdir().unwrap();
     let data = prepared_corpus(dir.path());
     let run_dir = dir.path().join("run");
-    let summary = run(tiny_config(&data, &[]), &run_dir, false, Arc::new(AtomicBool::new(true)));
+    let summary = run(tiny_config(&data, &[]), &run_dir, false, Controls::stopping());
     assert!(summary.stopped_early);
     assert_eq!(summary.steps, 1);
     let latest = std::fs::read_to_string(run_dir.join("checkpoints/latest")).unwrap();
@@ -113,7 +113,7 @@ fn a_new_run_refuses_a_directory_that_holds_one() {
         config: tiny_config(&data, &[]),
         run_dir: run_dir.clone(),
         resume: false,
-        stop: Arc::default(),
+        controls: Arc::default(),
     };
     let err = train::<B>(options, Default::default(), &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("already holds a run") && err.contains("--resume"), "{err}");
@@ -127,7 +127,7 @@ fn resuming_with_another_model_is_an_error() {
     let run_dir = dir.path().join("run");
     fresh(tiny_config(&data, &["max_steps=1"]), &run_dir);
     let config = RunConfig::load(&run_dir.join("config.toml"), &["model.n_layer=3".into()]).unwrap();
-    let options = RunOptions { config, run_dir, resume: true, stop: Arc::default() };
+    let options = RunOptions { config, run_dir, resume: true, controls: Arc::default() };
     let err = train::<B>(options, Default::default(), &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("model cannot change"), "{err}");
 }
@@ -148,7 +148,7 @@ fn a_run_that_stopped_before_its_first_checkpoint_can_be_started_again() {
         config: tiny_config(&data, &["max_steps=1"]),
         run_dir: run_dir.clone(),
         resume: true,
-        stop: Arc::default(),
+        controls: Arc::default(),
     };
     let err = train::<B>(options, Default::default(), &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("stopped before its first checkpoint"), "{err}");
@@ -165,7 +165,7 @@ fn resuming_without_more_steps_is_an_error() {
     let run_dir = dir.path().join("run");
     fresh(tiny_config(&data, &["max_steps=2"]), &run_dir);
     let config = RunConfig::load(&run_dir.join("config.toml"), &[]).unwrap();
-    let options = RunOptions { config, run_dir, resume: true, stop: Arc::default() };
+    let options = RunOptions { config, run_dir, resume: true, controls: Arc::default() };
     let err = train::<B>(options, Default::default(), &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("key `max_steps`: 2 is not beyond the checkpoint's step 2"), "{err}");
 }

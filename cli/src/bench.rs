@@ -1,0 +1,86 @@
+//! `ember bench`: optimizer steps on random tokens, timed by phase.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use ember_train::config::BackendKind;
+use ember_train::RunConfig;
+
+/// Arguments of `ember bench`.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// The run configuration (TOML).
+    #[arg(long, value_name = "FILE.toml")]
+    config: PathBuf,
+    /// Timed optimizer steps.
+    #[arg(long, default_value_t = 20)]
+    steps: usize,
+    /// Untimed steps first.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// flex (CPU) or cuda (default: the config's).
+    #[arg(long, value_parser = crate::parse_backend)]
+    backend: Option<BackendKind>,
+    /// Peak FLOP/s of the device for MFU (default: the config's `peak_flops`, else the GPU table).
+    #[arg(long, value_name = "FLOP/S")]
+    peak_flops: Option<f64>,
+    /// Override a config key.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `ember bench`.
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let config = RunConfig::load(&args.config, &args.set)?;
+    let r = ember_train::commands::bench_run(config, args.steps, args.warmup, args.backend, args.peak_flops)?;
+    if args.json {
+        out!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    let ph = &r.phases;
+    let mb = |b: u64| b as f64 / 1e6;
+    out!("device           {}", r.device);
+    out!(
+        "steps            {} timed after {} warm-up, {} tokens each",
+        r.steps,
+        args.warmup,
+        r.tokens_per_step
+    );
+    out!(
+        "throughput       {:.0} tokens/s, {:.2} steps/s, {:.1} ms/step",
+        r.tokens_per_sec,
+        1e3 / r.ms_per_step,
+        r.ms_per_step
+    );
+    out!(
+        "per step         data {:.1} ms | forward+backward {:.1} ms | sync {:.1} ms | optimizer {:.1} ms",
+        ph.data_ms,
+        ph.forward_backward_ms,
+        ph.sync_ms,
+        ph.optimizer_ms
+    );
+    match r.mfu {
+        Some(mfu) => out!(
+            "MFU              {:.1}% ({:.3e} FLOPs/token)",
+            100.0 * mfu,
+            r.estimate.flops_per_token as f64
+        ),
+        None => out!("MFU              — (unknown peak FLOP/s: pass --peak-flops)"),
+    }
+    out!(
+        "memory           peak RSS {:.1} MB, {:.1} MB above the {:.1} MB before the model; estimated {:.1} MB",
+        mb(r.peak_rss_bytes),
+        mb(r.peak_rss_bytes.saturating_sub(r.baseline_rss_bytes)),
+        mb(r.baseline_rss_bytes),
+        mb(r.estimate.peak_bytes.0)
+    );
+    out!(
+        "last loss        {:.4} nats/token (random tokens: ≈ ln(vocab) = {:.4})",
+        r.last_loss,
+        (r.vocab_size as f64).ln()
+    );
+    Ok(())
+}

@@ -1,0 +1,157 @@
+//! `ember estimate`: the memory and FLOP accounting of a config, as a table.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use ember_train::accounting::{estimate, known_peak_flops, Estimate, Precision};
+use ember_train::RunConfig;
+
+/// Arguments of `ember estimate`.
+#[derive(Args)]
+pub struct EstimateArgs {
+    /// The run configuration (TOML).
+    #[arg(long, value_name = "FILE.toml")]
+    config: PathBuf,
+    /// Override a config key, e.g. --set micro_batch_size=32.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Precision of the persistent state: fp32 (what Ember trains in) or bf16-mixed.
+    #[arg(long, default_value = "fp32", value_parser = parse_precision)]
+    precision: Precision,
+    /// Model FLOPs utilization assumed for the time per step.
+    #[arg(long, default_value_t = 0.4)]
+    mfu: f64,
+    /// Peak FLOP/s of one device (default: `peak_flops` of the config, else `--gpu`'s table entry).
+    #[arg(long, value_name = "FLOP/S")]
+    peak_flops: Option<f64>,
+    /// A GPU name to look up in the table of peak FLOP/s (e.g. h100, a100).
+    #[arg(long, value_name = "NAME")]
+    gpu: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_precision(s: &str) -> Result<Precision, String> {
+    match s {
+        "fp32" => Ok(Precision::Fp32),
+        "bf16-mixed" => Ok(Precision::Bf16Mixed),
+        other => Err(format!("expected fp32 or bf16-mixed, got {other:?}")),
+    }
+}
+
+/// Runs `ember estimate`.
+pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
+    let mut config = RunConfig::load(&args.config, &args.set)?;
+    let data_vocab = match config.data.clone().filter(|d| d.is_dir()) {
+        Some(dir) => ember_data::PreparedData::open(&dir)?.meta.vocab_size,
+        None => 0,
+    };
+    let _ = config.resolve_vocab(data_vocab);
+    if config.model.vocab_size() == 0 {
+        anyhow::bail!(
+            "{}: key `model.vocab_size`: unknown: set it (--set model.vocab_size=N) or point `data` at a prepared directory",
+            args.config.display()
+        );
+    }
+    let peak =
+        args.peak_flops.or(config.peak_flops).or_else(|| args.gpu.as_deref().and_then(known_peak_flops));
+    if let (Some(gpu), None) = (&args.gpu, peak) {
+        anyhow::bail!("--gpu {gpu:?}: not in the table (h200, h100, a100, l40s, rtx 4090, a10, v100); pass --peak-flops");
+    }
+    let world = config.world_size();
+    let e = estimate(
+        &config.model,
+        config.micro_batch_size as u64,
+        config.model.block_size() as u64,
+        config.tokens_per_step(world) as u64,
+        world as u64,
+        args.precision,
+        true,
+        peak,
+        args.mfu,
+    );
+    if args.json {
+        out!("{}", serde_json::to_string_pretty(&e)?);
+    } else {
+        out!("{}", table(&e, &config));
+    }
+    Ok(())
+}
+
+fn gb(bytes: u64) -> String {
+    format!("{:.3} GB", bytes as f64 / 1e9)
+}
+
+fn table(e: &Estimate, config: &RunConfig) -> String {
+    let p = &e.per_param;
+    let a = &e.activations;
+    let rows: Vec<(String, String)> = vec![
+        (
+            "parameters".into(),
+            format!("{} ({} without position embeddings)", e.params, e.params_without_positions),
+        ),
+        (
+            format!("persistent, {:?}", e.precision).to_lowercase(),
+            format!(
+                "{} B/param = weights {} + grads {} + fp32 master {} + AdamW m {} + v {} → {}",
+                p.total(),
+                p.weights,
+                p.grads,
+                p.master,
+                p.adam_m,
+                p.adam_v,
+                gb(e.persistent_bytes)
+            ),
+        ),
+        (
+            "activations per layer".into(),
+            format!(
+                "{} retained [B,T,d] + {} attention scores [B,H,T,T]",
+                gb(a.per_layer),
+                gb(a.attention_per_layer)
+            ),
+        ),
+        ("logits".into(), gb(a.logits)),
+        (
+            "activations".into(),
+            format!("{} ({} with activation checkpointing)", gb(a.total), gb(a.total_checkpointed)),
+        ),
+        (
+            "peak per device".into(),
+            format!("{} ({} with checkpointing)", gb(e.peak_bytes.0), gb(e.peak_bytes.1)),
+        ),
+        (
+            "FLOPs per token".into(),
+            format!("{:.4e} (6·N + 12·layers·d_model·seq_len)", e.flops_per_token as f64),
+        ),
+        (
+            "tokens per step".into(),
+            format!(
+                "{} (micro-batch {} × accumulation {} × {} ranks × {} tokens)",
+                e.tokens_per_step,
+                config.micro_batch_size,
+                config.accumulation_steps,
+                config.world_size(),
+                config.model.block_size()
+            ),
+        ),
+        ("FLOPs per step".into(), format!("{:.4e}", e.flops_per_step)),
+        (
+            format!("time per step at {:.0}% MFU", 100.0 * e.mfu),
+            match (e.step_seconds_at_mfu, e.peak_flops) {
+                (Some(s), Some(peak)) => format!("{:.4} s (peak {:.3e} FLOP/s per device)", s, peak),
+                _ => "— (give --peak-flops or --gpu)".into(),
+            },
+        ),
+        (
+            "Chinchilla budget".into(),
+            format!(
+                "{} tokens (20 per parameter) = {} steps; this config runs {}",
+                e.chinchilla_tokens, e.chinchilla_steps, config.max_steps
+            ),
+        ),
+    ];
+    let width = rows.iter().map(|(k, _)| k.chars().count()).max().unwrap_or(0);
+    rows.iter().map(|(k, v)| format!("{k:<width$}  {v}")).collect::<Vec<_>>().join("\n")
+}

@@ -1,0 +1,48 @@
+//! `ember watch RUN_DIR`: the dashboard of a run in progress or finished, from its files.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use clap::Args;
+use ember_train::run::files;
+
+use crate::dashboard::{self, Attached, MetricsTail};
+
+/// Arguments of `ember watch`.
+#[derive(Args)]
+pub struct WatchArgs {
+    /// The run directory (its `metrics.jsonl` and `config.toml`).
+    #[arg(value_name = "RUN_DIR")]
+    run_dir: PathBuf,
+}
+
+/// Runs `ember watch`: the dashboard in a terminal, else the records as plain lines.
+pub fn run(args: WatchArgs) -> anyhow::Result<()> {
+    let metrics = args.run_dir.join(files::METRICS);
+    if !args.run_dir.is_dir() {
+        anyhow::bail!("{}: no such run directory", args.run_dir.display());
+    }
+    if !std::io::stdout().is_terminal() {
+        if !metrics.exists() {
+            anyhow::bail!("{}: no metrics yet (the run has not logged a step)", metrics.display());
+        }
+        for record in MetricsTail::new(&args.run_dir).poll() {
+            match record {
+                ember_train::metrics::Record::Train(r) => out!("{r}"),
+                ember_train::metrics::Record::Eval(e) => out!("{e}"),
+            }
+        }
+        return Ok(());
+    }
+    let board = dashboard::for_run(&args.run_dir, None);
+    let mut terminal = ratatui::init();
+    let never = || None;
+    let shown = dashboard::run(
+        &mut terminal,
+        board,
+        Attached { tail: MetricsTail::new(&args.run_dir), logs: None, controls: None, finished: &never },
+    );
+    ratatui::restore();
+    shown?;
+    Ok(())
+}
