@@ -105,6 +105,9 @@ enum Command {
         /// interfaces (0.0.0.0), without authentication: use a private network.
         #[arg(long, value_name = "[HOST:]PORT", default_value = "29500")]
         bind: String,
+        /// Exit when the parent process does (how `ember train` runs it for node 0).
+        #[arg(long, hide = true)]
+        exit_with_parent: bool,
     },
     /// Check numerical parity with a PyTorch fixture (init weights, batch, expected numbers).
     Verify {
@@ -186,7 +189,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Watch(args) => watch::run(args),
         Command::Estimate(args) => estimate::run(args),
         Command::Bench(args) => bench::run(args),
-        Command::Coordinator { bind } => {
+        Command::Coordinator { bind, exit_with_parent } => {
+            #[cfg(unix)]
+            if exit_with_parent {
+                let parent = std::os::unix::process::parent_id();
+                std::thread::spawn(move || loop {
+                    std::thread::sleep(std::time::Duration::from_millis(500));
+                    if std::os::unix::process::parent_id() != parent {
+                        std::process::exit(0);
+                    }
+                });
+            }
             let port_text = bind.rsplit(':').next().unwrap_or(&bind);
             let port: u16 = port_text
                 .parse()
@@ -224,6 +237,7 @@ fn main() -> ExitCode {
     let _ = tracing_subscriber::fmt()
         .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     quiet_collective_panics();
     match run(Cli::parse()) {

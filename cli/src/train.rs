@@ -101,6 +101,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             config.parallel.nodes
         );
     }
+    let _coordinator = coordinator_process(&mut config)?;
     let use_tui = args.tui || (!args.no_tui && std::io::stdout().is_terminal());
     let options = RunOptions { config, run_dir: run_dir.clone(), resume, controls };
     let summary = if use_tui {
@@ -122,6 +123,39 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         run_dir.display()
     );
     Ok(())
+}
+
+/// Node 0 of several runs burn-collective's orchestrators in a child process (`ember
+/// coordinator`) in its own process group: burn-collective 0.21's orchestrator shuts down on
+/// Ctrl-C, which must only stop the training (with a checkpoint), not the coordination of its
+/// last steps. The child is killed when the returned guard drops.
+fn coordinator_process(config: &mut RunConfig) -> anyhow::Result<Option<ChildGuard>> {
+    let p = &config.parallel;
+    if p.nodes <= 1 || p.node_rank != 0 || !p.start_coordinator {
+        return Ok(None);
+    }
+    let port = ember_train::parallel::coordinator_port(config);
+    ember_train::parallel::check_ports_free(port)?;
+    let exe = std::env::current_exe().context("cannot find the ember binary to start the coordinator")?;
+    let mut command = std::process::Command::new(exe);
+    command
+        .args(["coordinator", "--bind", &port.to_string(), "--exit-with-parent"])
+        .stdout(std::process::Stdio::null());
+    #[cfg(unix)]
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let child = command.spawn().context("cannot start `ember coordinator`")?;
+    config.parallel.coordinator_elsewhere = true;
+    Ok(Some(ChildGuard(child)))
+}
+
+/// Kills the child process when dropped.
+struct ChildGuard(std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Trains on a background thread with the dashboard on this one; the log lines are printed

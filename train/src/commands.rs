@@ -146,6 +146,9 @@ pub fn export_run(run_dir: &Path, format: ExportFormat, out: &Path) -> Result<Ve
         });
     }
     let model = trained.load_model::<burn::backend::Flex>(&Default::default())?;
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(TrainError::io(parent))?;
+    }
     ember_model::hf::save(&model, out)?;
     let config_json = out.with_file_name("config.json");
     let text = serde_json::to_string_pretty(&hf_config(&trained.config.model)).expect("JSON");

@@ -121,6 +121,10 @@ pub struct ParallelConfig {
     pub timeout_s: u64,
     /// Compare the replicas' parameter hashes every N steps (0: at every logged step).
     pub check_every: u64,
+    /// Set when the caller runs the orchestrators itself (the CLI starts a child process),
+    /// so node 0 does not start them in-process; never saved.
+    #[serde(skip)]
+    pub coordinator_elsewhere: bool,
 }
 
 impl Default for ParallelConfig {
@@ -135,6 +139,7 @@ impl Default for ParallelConfig {
             strategy: Strategy::Tree,
             timeout_s: 300,
             check_every: 0,
+            coordinator_elsewhere: false,
         }
     }
 }

@@ -35,6 +35,11 @@ pub fn evaluate<B: Backend>(
             None => sum,
         });
     }
+    if tokens == 0 {
+        return Err(TrainError::Feed(format!(
+            "no scored target in {batches} evaluation batches of {batch_size}: every example's response lies beyond block_size (raise model.block_size) or is empty"
+        )));
+    }
     let total: f64 = nll.map_or(0.0, |t| t.into_scalar().elem());
-    Ok(total / tokens.max(1) as f64)
+    Ok(total / tokens as f64)
 }

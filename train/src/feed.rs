@@ -46,7 +46,7 @@ impl Feed {
             world_size,
             dropped.partial_batch,
             if config.document_masking { "; document masking on" } else { "" },
-        );
+        ) + &cut_note(&train, seq_len);
         let producer = step_producer(train, sampler, state, config.accumulation_steps);
         let prefetcher = Prefetcher::spawn(config.prefetch_depth, producer)?;
         Ok(Self { prefetcher, description })
@@ -60,6 +60,23 @@ impl Feed {
             None => Err(TrainError::Feed("the batch-building thread stopped unexpectedly".into())),
         }
     }
+}
+
+/// What a split loses to the window length: packed splits drop their last `< L` tokens; SFT
+/// examples longer than `L + 1` tokens are cut (their end is never scored).
+pub fn cut_note(view: &DataView, seq_len: usize) -> String {
+    let mut note = String::new();
+    if view.remainder_tokens() > 0 {
+        note += &format!("; the last {} tokens (< one window) are not used", view.remainder_tokens());
+    }
+    if view.truncated_examples() > 0 {
+        note += &format!(
+            "; WARNING: {} examples are longer than block_size + 1 = {} tokens and cut there (raise model.block_size to score their ends)",
+            view.truncated_examples(),
+            seq_len + 1
+        );
+    }
+    note
 }
 
 /// The validation rows (for [`crate::eval::evaluate`]).

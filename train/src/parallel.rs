@@ -84,8 +84,9 @@ pub fn describe(config: &RunConfig, local: usize) -> String {
         String::new()
     };
     format!(
-        "data parallel: {} ranks = {local} replicas{nodes}; one all-reduce per optimizer step ({} strategy, timeout {} s)",
+        "data parallel: {} ranks = {local} {}{nodes}; one all-reduce per optimizer step ({} strategy, timeout {} s)",
         config.world_size(),
+        if local == 1 { "replica" } else { "replicas" },
         strategy_name(config.parallel.strategy),
         p.timeout_s
     )
@@ -144,10 +145,32 @@ pub fn join<B: AutodiffBackend>(
 /// Errors: the orchestrators' runtime cannot start.
 pub fn start_coordinator(config: &RunConfig) -> Result<Option<std::thread::JoinHandle<()>>, TrainError> {
     let p = &config.parallel;
-    if p.nodes <= 1 || p.node_rank != 0 || !p.start_coordinator {
+    if p.nodes <= 1 || p.node_rank != 0 || !p.start_coordinator || p.coordinator_elsewhere {
         return Ok(None);
     }
-    Ok(Some(serve_coordinator(coordinator_host_port(config).1)?))
+    let port = coordinator_host_port(config).1;
+    check_ports_free(port)?;
+    Ok(Some(serve_coordinator(port)?))
+}
+
+/// The coordinator's port of `config`.
+pub fn coordinator_port(config: &RunConfig) -> u16 {
+    coordinator_host_port(config).1
+}
+
+/// Checks that the orchestrators' ports `port` and `port + 1` are free (burn-collective
+/// would otherwise log the failure and carry on).
+///
+/// Errors: a port is taken, naming it.
+pub fn check_ports_free(port: u16) -> Result<(), TrainError> {
+    for p in [port, port + 1] {
+        std::net::TcpListener::bind(("0.0.0.0", p)).map_err(|e| {
+            TrainError::Sync(format!(
+                "cannot start the coordinator on port {p}: {e} (another coordinator or run holds it? use it with --set parallel.start_coordinator=false, or pick another --coordinator port)"
+            ))
+        })?;
+    }
+    Ok(())
 }
 
 /// Runs burn-collective's global orchestrators on `port` and `port + 1` on a background

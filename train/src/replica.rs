@@ -21,7 +21,7 @@ use crate::optim::AdamWGroups;
 use crate::run::{files, step_seed};
 use crate::schedule::LrSchedule;
 use crate::step::{train_step, StepSettings};
-use crate::sync::{param_hash, scalar, GradSync};
+use crate::sync::{param_hash, scalar, text_hash, GradSync};
 
 /// One model replica and everything it trains with.
 pub struct Replica<B: AutodiffBackend> {
@@ -47,8 +47,6 @@ pub struct Leader<'a> {
     pub val: DataView,
     /// The run directory.
     pub run_dir: &'a Path,
-    /// Stop, checkpoint-now and pause requests (acted on by every rank).
-    pub controls: &'a Controls,
 }
 
 /// The shared, read-only part of a run.
@@ -61,6 +59,8 @@ pub struct Plan<'a> {
     pub start: TrainState,
     /// When this session started.
     pub session: Instant,
+    /// Stop requests of this process (Ctrl-C): any rank's stops every rank.
+    pub controls: &'a Controls,
     /// Peak FLOP/s of one device, for MFU (config `peak_flops`, else the GPU table).
     pub peak_flops: Option<f64>,
 }
@@ -142,6 +142,23 @@ fn train_loop<B: AutodiffBackend>(
     let (mut interval, mut session_tokens, mut session_step_s) = (Interval::default(), 0u64, 0.0f64);
     let mut stopped_early = false;
     let fail_at = test_switch("EMBER_TEST_FAIL_RANK", r.rank);
+    // Settings every rank must share, compared with the parameters: a node started with
+    // another batch size or schedule is caught at the first step.
+    let o = &config.optimizer;
+    let settings_hash = text_hash(&format!(
+        "{} {} {} {} {} {} {} {} {} {} {}",
+        config.micro_batch_size,
+        config.accumulation_steps,
+        config.model.block_size(),
+        config.seed,
+        config.max_steps,
+        o.lr,
+        o.min_lr,
+        o.warmup_steps,
+        o.weight_decay,
+        o.grad_clip,
+        r.sync.world_size()
+    ));
     let flops_per_token = crate::accounting::estimate(
         &config.model,
         config.micro_batch_size as u64,
@@ -154,10 +171,11 @@ fn train_loop<B: AutodiffBackend>(
         1.0,
     )
     .flops_per_token as f64;
+    // Tokens processed per step (every input position of the global batch, as nanoGPT counts
+    // them); the loss is normalized by the scored ones, which masks can make fewer.
+    let processed = config.tokens_per_step(r.sync.world_size()) as u64;
     for step in plan.start.step + 1..=config.max_steps {
-        if let Some(leader) = leader.as_deref() {
-            leader.controls.wait_while_paused();
-        }
+        plan.controls.wait_while_paused();
         let started = Instant::now();
         if fail_at == Some(step) {
             return Err(TrainError::Feed(format!(
@@ -174,8 +192,8 @@ fn train_loop<B: AutodiffBackend>(
             step,
             lr: plan.schedule.lr(step),
             grad_clip: config.optimizer.grad_clip,
-            stop: leader.as_ref().is_some_and(|l| l.controls.stop_requested()),
-            param_hash: check.then(|| param_hash(&model)),
+            stop: plan.controls.stop_requested(),
+            param_hash: check.then(|| param_hash(&model) ^ settings_hash),
             timed: logging,
         };
         let (next, out) =
@@ -183,23 +201,23 @@ fn train_loop<B: AutodiffBackend>(
         model = next;
         if out.replicas_agree == Some(false) {
             return Err(TrainError::Sync(format!(
-                "the replicas' parameters differed before step {step}: a rank diverged (rank {} stops)",
+                "the replicas' parameters or run settings differed before step {step}: a rank diverged or was started with other settings (rank {} stops)",
                 r.rank
             )));
         }
         state.step = step;
         state.sampler = data.state;
-        state.tokens += out.scored_tokens as u64;
+        state.tokens += processed;
         let last = step == config.max_steps || out.stop;
         let read = (logging || last).then(|| (scalar(out.loss.clone()), scalar(out.grad_norm.clone())));
         let step_s = started.elapsed().as_secs_f64();
-        interval.tokens += out.scored_tokens as u64;
+        interval.tokens += processed;
         interval.seconds += step_s;
         interval.data_wait += data_wait;
         interval.sync += out.sync_time;
         interval.steps += 1;
         session_step_s += step_s;
-        session_tokens += out.scored_tokens as u64;
+        session_tokens += processed;
         if let Some(leader) = leader.as_deref_mut() {
             if let Some((loss, grad_norm)) = read {
                 for (what, value) in [("loss", loss), ("grad norm", grad_norm)] {
@@ -250,7 +268,7 @@ fn train_loop<B: AutodiffBackend>(
                 leader.metrics.write(&Record::Eval(record))?;
                 interval.eval += eval_started.elapsed();
             }
-            if due(config.checkpoint_every) || last || leader.controls.take_checkpoint() {
+            if due(config.checkpoint_every) || last || plan.controls.take_checkpoint() {
                 let checkpoint_started = Instant::now();
                 let mut saved = state.clone();
                 saved.elapsed_s = elapsed(&state);

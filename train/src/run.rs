@@ -245,13 +245,14 @@ pub fn train<B: AutodiffBackend>(
         data.meta.vocab_size
     ));
     log(&format!(
-        "global batch: {} sequences × {} tokens = {} tokens per optimizer step (micro-batch {} × {} accumulation steps × {} ranks)",
+        "global batch: {} sequences × {} tokens = {} tokens per optimizer step (micro-batch {} × {} accumulation steps × {} rank{})",
         config.sequences_per_step(world_size),
         config.model.block_size(),
         config.tokens_per_step(world_size),
         config.micro_batch_size,
         config.accumulation_steps,
-        world_size
+        world_size,
+        if world_size == 1 { "" } else { "s" }
     ));
     let o = &config.optimizer;
     let plan = Plan {
@@ -264,6 +265,7 @@ pub fn train<B: AutodiffBackend>(
         },
         start: state,
         session,
+        controls: &controls,
         peak_flops: config.peak_flops.or_else(|| {
             (config.backend == crate::config::BackendKind::Cuda)
                 .then(|| crate::bench::gpu_model(config.device))
@@ -311,13 +313,8 @@ pub fn train<B: AutodiffBackend>(
                 resume_dir.as_deref(),
             )?;
             log(&replica.feed.description);
-            let leader = leader_parts.map(|(metrics, val)| Leader {
-                log: &mut *log,
-                metrics,
-                val,
-                run_dir: &run_dir,
-                controls: &controls,
-            });
+            let leader =
+                leader_parts.map(|(metrics, val)| Leader { log: &mut *log, metrics, val, run_dir: &run_dir });
             run_replica(&plan, replica, model, leader)
         })();
         // Report the cause: the first error that is not another rank's reaction to it.

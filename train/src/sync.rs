@@ -164,8 +164,9 @@ impl<B: AutodiffBackend> CollectivePeer<B> {
         let registered = background(move || {
             collective::register::<B::InnerBackend>(peer, inner, config).map_err(|e| format!("{e:?}"))
         });
-        wait(registered, timeout, rank, "joining the other ranks")?
-            .map_err(|e| TrainError::Sync(format!("rank {rank}: cannot join the collective: {e}")))?;
+        wait(registered, timeout, rank, "while joining the other ranks")?.map_err(|e| {
+            TrainError::Sync(format!("rank {rank}: cannot join the collective: {}", explain(&e)))
+        })?;
         let skip_at = crate::replica::test_switch("EMBER_TEST_SKIP_ALL_REDUCE", rank).map(|n| n as usize);
         Ok(Self {
             peer,
@@ -185,11 +186,10 @@ impl<B: AutodiffBackend> CollectivePeer<B> {
     /// Waits for a re-registration in flight.
     fn rejoined(&mut self) -> Result<(), TrainError> {
         match self.rejoin.take() {
-            Some(rejoin) => {
-                wait(rejoin, self.timeout, self.rank, "registering for the next step")?.map_err(|e| {
+            Some(rejoin) => wait(rejoin, self.timeout, self.rank, "while registering for the next step")?
+                .map_err(|e| {
                     TrainError::Sync(format!("rank {}: cannot rejoin the collective: {e}", self.rank))
-                })
-            }
+                }),
             None => Ok(()),
         }
     }
@@ -205,7 +205,7 @@ impl<B: AutodiffBackend> CollectivePeer<B> {
         let reduced = background(move || {
             collective::all_reduce::<B::InnerBackend>(peer, primitive, ReduceOperation::Sum)
         });
-        let reduced = wait(reduced, self.timeout, self.rank, "the all-reduce")?.map_err(|e| {
+        let reduced = wait(reduced, self.timeout, self.rank, "in the all-reduce")?.map_err(|e| {
             TrainError::Sync(format!(
                 "rank {}: the all-reduce failed ({e:?}; a rank stopped or disconnected)",
                 self.rank
@@ -302,6 +302,15 @@ impl<B: AutodiffBackend> GradSync<B> for CollectivePeer<B> {
     }
 }
 
+/// burn-collective's registration errors, with what to do about them.
+fn explain(error: &str) -> String {
+    if error.contains("DoubleRegister") {
+        format!("{error}: the coordinator still holds a registration of a run that failed; restart `ember coordinator` (burn-collective 0.21 keeps it)")
+    } else {
+        error.to_string()
+    }
+}
+
 /// Runs `f` on a new thread; its result arrives on the returned channel.
 fn background<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> mpsc::Receiver<T> {
     let (tx, rx) = mpsc::channel();
@@ -317,11 +326,11 @@ fn wait<T>(rx: mpsc::Receiver<T>, timeout: Duration, rank: usize, what: &str) ->
     rx.recv_timeout(timeout).map_err(|e| {
         TrainError::Sync(match e {
             mpsc::RecvTimeoutError::Timeout => format!(
-                "rank {rank}: no answer from the other ranks within {} s while {what} (a rank stopped or disconnected)",
+                "rank {rank}: no answer from the other ranks within {} s ({what}; a rank stopped or disconnected)",
                 timeout.as_secs()
             ),
             mpsc::RecvTimeoutError::Disconnected => {
-                format!("rank {rank}: the collective failed while {what} (a rank stopped or disconnected)")
+                format!("rank {rank}: the collective failed ({what}; a rank stopped or disconnected)")
             }
         })
     })
@@ -388,6 +397,11 @@ pub fn param_hash<B: Backend>(model: &LanguageModel<B>) -> u64 {
     let mut hash = Hash(0xcbf2_9ce4_8422_2325);
     model.visit(&mut hash);
     hash.0
+}
+
+/// A 64-bit FNV-1a hash of `text` (run settings that every rank must share).
+pub fn text_hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// The scalar value of a `[1]` tensor.
