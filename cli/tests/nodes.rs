@@ -127,3 +127,57 @@ fn a_node_that_disappears_stops_the_other_within_the_timeout() {
     assert!(killed.elapsed() < Duration::from_secs(30), "stopped after {:?}", killed.elapsed());
     let _ = node1.wait();
 }
+
+#[test]
+fn ctrl_c_on_any_node_stops_every_node_with_a_checkpoint() {
+    let Some(dir) = shakespeare() else { return };
+    let w = dir.path();
+    let port = free_ports();
+    let extra = [
+        "--set",
+        "max_steps=100000",
+        "--set",
+        "eval_every=0",
+        "--set",
+        "log_every=1",
+        "--set",
+        "parallel.timeout_s=20",
+    ];
+    let node0 = node(w, 0, port, &extra);
+    let node1 = node(w, 1, port, &extra);
+    let metrics = w.join("runs/node0/metrics.jsonl");
+    let started = Instant::now();
+    while std::fs::read_to_string(&metrics).map(|m| m.lines().count()).unwrap_or(0) < 3 {
+        assert!(started.elapsed() < Duration::from_secs(120), "the nodes did not start training");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Ctrl-C on node 1 (not the one that writes checkpoints).
+    let status = Command::new("kill").args(["-INT", &node1.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    for (rank, child) in [node0, node1].into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "node {rank}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains("stopped after step"), "node {rank}: {stdout}");
+    }
+    assert!(w.join("runs/node0/checkpoints/latest").exists());
+}
+
+#[test]
+fn a_node_started_with_another_batch_size_is_stopped_at_the_first_step() {
+    let Some(dir) = shakespeare() else { return };
+    let w = dir.path();
+    let port = free_ports();
+    let common = ["--set", "max_steps=20", "--set", "eval_every=0", "--set", "parallel.timeout_s=20"];
+    let node0 = node(w, 0, port, &common);
+    let node1 = node(w, 1, port, &[&common[..], &["--set", "micro_batch_size=6"]].concat());
+    for (rank, child) in [node0, node1].into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "node {rank}: {stderr}");
+        assert!(
+            stderr.contains("parameters or run settings differed before step 1"),
+            "node {rank}: {stderr}"
+        );
+    }
+}

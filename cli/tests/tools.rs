@@ -1,0 +1,85 @@
+//! `ember estimate`, `ember bench` and `ember watch` through the binary.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+const TINY: &str =
+    "data = \"prepared\"\nmax_steps = 6\nmicro_batch_size = 4\neval_every = 0\nlog_every = 1\n\
+                    [model]\npreset = \"tiny\"\n[optimizer]\nlr = 3e-3\nwarmup_steps = 2\n";
+
+fn workdir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let text: String = (0..100).map(|i| format!("Line {i}: to be or not to be.\n")).collect();
+    std::fs::write(dir.path().join("corpus.txt"), text).unwrap();
+    std::fs::write(dir.path().join("tiny.toml"), TINY).unwrap();
+    ok(&["prepare", "--tokenizer", "char", "--input", "corpus.txt", "--out", "prepared"], dir.path());
+    dir
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap()
+}
+
+#[test]
+fn estimate_gives_two_gigabytes_of_persistent_state_for_gpt2_124m() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = "max_steps = 10\nmicro_batch_size = 1\naccumulation_steps = 2\n[model]\npreset = \"gpt2\"\n";
+    std::fs::write(dir.path().join("gpt2.toml"), config).unwrap();
+    let e = json(&ok(&["estimate", "--config", "gpt2.toml", "--json", "--gpu", "h100"], dir.path()));
+    assert_eq!(e["params"], 124_475_904);
+    assert_eq!(e["persistent_bytes"], 124_475_904u64 * 16);
+    // 6·N + 12·12·768·1024 FLOPs per token; 2 × 1024 tokens per step at 40% of 989 TFLOP/s.
+    let per_token = 6 * 124_475_904u64 + 12 * 12 * 768 * 1024;
+    assert_eq!(e["flops_per_token"], per_token);
+    let step_s = e["step_seconds_at_mfu"].as_f64().unwrap();
+    assert!((step_s - per_token as f64 * 2048.0 / (0.4 * 989e12)).abs() < 1e-12);
+    let table = ok(&["estimate", "--config", "gpt2.toml", "--precision", "bf16-mixed"], dir.path());
+    assert!(
+        table.contains("16 B/param = weights 2 + grads 2 + fp32 master 4 + AdamW m 4 + v 4 → 1.992 GB"),
+        "{table}"
+    );
+    let err = fails(&["estimate", "--config", "gpt2.toml", "--gpu", "tpu"], dir.path());
+    assert!(err.contains("not in the table"), "{err}");
+}
+
+#[test]
+fn bench_reports_throughput_phases_and_a_random_token_loss() {
+    let dir = workdir();
+    let r =
+        json(&ok(&["bench", "--config", "tiny.toml", "--steps", "3", "--warmup", "1", "--json"], dir.path()));
+    assert_eq!(r["steps"], 3);
+    assert_eq!(r["tokens_per_step"], 4 * 16);
+    assert!(r["tokens_per_sec"].as_f64().unwrap() > 0.0);
+    let fb = r["phases"]["forward_backward_ms"].as_f64().unwrap();
+    let total = r["ms_per_step"].as_f64().unwrap();
+    assert!(fb > 0.0 && fb <= total, "{r}");
+    assert_eq!(r["mfu"], serde_json::Value::Null, "no peak FLOP/s on the CPU");
+    // Random targets: the loss of a freshly initialized model is close to ln(vocab).
+    let vocab = r["vocab_size"].as_f64().unwrap();
+    assert!((r["last_loss"].as_f64().unwrap() - vocab.ln()).abs() < 0.5, "{r}");
+    let with_peak = json(&ok(
+        &["bench", "--config", "tiny.toml", "--steps", "1", "--json", "--peak-flops", "1e12"],
+        dir.path(),
+    ));
+    let mfu = with_peak["mfu"].as_f64().unwrap();
+    let expected = with_peak["estimate"]["flops_per_token"].as_f64().unwrap()
+        * with_peak["tokens_per_sec"].as_f64().unwrap()
+        / 1e12;
+    assert!((mfu - expected).abs() < 1e-12);
+}
+
+#[test]
+fn watch_prints_a_finished_run_as_plain_lines_when_not_in_a_terminal() {
+    let dir = workdir();
+    ok(&["train", "--config", "tiny.toml", "--run-dir", "run"], dir.path());
+    let out = ok(&["watch", "run"], dir.path());
+    let steps = out.lines().filter(|l| l.starts_with("step ")).count();
+    assert_eq!(steps, 6, "{out}");
+    assert!(out.contains("eval      6 | val loss"), "{out}");
+    let err = fails(&["watch", "nowhere"], dir.path());
+    assert!(err.contains("nowhere: no such run directory"), "{err}");
+    assert!(Path::new(&dir.path().join("run/metrics.jsonl")).exists());
+}
