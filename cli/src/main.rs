@@ -13,6 +13,7 @@ macro_rules! out {
 mod bench;
 mod dashboard;
 mod estimate;
+mod plot;
 mod prepare;
 mod tokenizer;
 mod train;
@@ -94,6 +95,8 @@ enum Command {
     },
     /// The dashboard of a run in progress or finished (plain lines when not in a terminal).
     Watch(watch::WatchArgs),
+    /// PNG charts of a run: loss, learning rate, gradient norm, throughput, time per step.
+    Plot(plot::PlotArgs),
     /// Memory and FLOP accounting of a config: parameters, bytes, activations, FLOPs, time per step.
     Estimate(estimate::EstimateArgs),
     /// Optimizer steps on random tokens: tokens/s, time per phase, MFU, peak memory.
@@ -187,6 +190,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Watch(args) => watch::run(args),
+        Command::Plot(args) => plot::run(args),
         Command::Estimate(args) => estimate::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Coordinator { bind, exit_with_parent } => {

@@ -83,3 +83,23 @@ fn watch_prints_a_finished_run_as_plain_lines_when_not_in_a_terminal() {
     assert!(err.contains("nowhere: no such run directory"), "{err}");
     assert!(Path::new(&dir.path().join("run/metrics.jsonl")).exists());
 }
+
+#[test]
+fn plot_writes_five_png_charts() {
+    let dir = workdir();
+    ok(&["train", "--config", "tiny.toml", "--run-dir", "run", "--set", "eval_every=3"], dir.path());
+    let out = ember(&["plot", "run", "--out", "charts"], dir.path());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("no TrueType font found") {
+        eprintln!("skipping: no system font for the chart labels ({stderr})");
+        return;
+    }
+    assert!(out.status.success(), "{stderr}");
+    for name in ["loss", "lr", "grad_norm", "throughput", "time"] {
+        let bytes = std::fs::read(dir.path().join(format!("charts/{name}.png"))).unwrap();
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{name}.png is a PNG");
+        assert!(bytes.len() > 5_000, "{name}.png has content ({} bytes)", bytes.len());
+    }
+    let err = fails(&["plot", "nowhere"], dir.path());
+    assert!(err.contains("nowhere"), "{err}");
+}
