@@ -58,11 +58,7 @@ pub fn run(args: PlotArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
     let series = |f: fn(&TrainRecord) -> f64| train.iter().map(|r| (r.step as f64, f(r))).collect::<Vec<_>>();
     let mut written = Vec::new();
-    let mut chart = |name: &str,
-                     title: &str,
-                     y: &str,
-                     lines: Vec<(&str, Vec<(f64, f64)>, RGBColor)>|
-     -> anyhow::Result<()> {
+    let mut chart = |name: &str, title: &str, y: &str, lines: Vec<Curve<'_>>| -> anyhow::Result<()> {
         let path = out.join(format!("{name}.png"));
         line_chart(&path, title, y, &lines).with_context(|| format!("cannot write {}", path.display()))?;
         written.push(path);
@@ -132,7 +128,11 @@ fn bounds(points: impl Iterator<Item = (f64, f64)>) -> (std::ops::Range<f64>, st
     (x0..x1, (y0 - pad)..(y1 + pad))
 }
 
-type Lines<'a> = [(&'a str, Vec<(f64, f64)>, RGBColor)];
+/// A named curve and its colour.
+type Curve<'a> = (&'a str, Vec<(f64, f64)>, RGBColor);
+type Lines<'a> = [Curve<'a>];
+/// A phase of the step, how to read its seconds, and its colour.
+type Phase = (&'static str, fn(&TrainRecord) -> f64, RGBColor);
 
 fn line_chart(path: &Path, title: &str, y_desc: &str, lines: &Lines<'_>) -> anyhow::Result<()> {
     let root = BitMapBackend::new(path, (960, 540)).into_drawing_area();
@@ -166,7 +166,7 @@ fn line_chart(path: &Path, title: &str, y_desc: &str, lines: &Lines<'_>) -> anyh
 
 /// The logged steps' time split, stacked: data wait, forward+backward, sync, optimizer (ms).
 fn time_chart(path: &Path, train: &[TrainRecord]) -> anyhow::Result<()> {
-    let phases: [(&str, fn(&TrainRecord) -> f64, RGBColor); 4] = [
+    let phases: [Phase; 4] = [
         ("data", |r| r.data_s, RGBColor(230, 180, 40)),
         ("forward+backward", |r| r.forward_backward_s, RGBColor(60, 160, 80)),
         ("sync", |r| r.step_sync_s, RGBColor(170, 70, 170)),
