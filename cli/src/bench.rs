@@ -32,9 +32,27 @@ pub struct BenchArgs {
     json: bool,
 }
 
+/// Says on stderr that the config's `data` directory is missing (the vocabulary then comes
+/// from the preset or `model.vocab_size`).
+pub fn warn_missing_data(config: &RunConfig) {
+    if let Some(dir) = config.data.as_ref().filter(|d| !d.exists()) {
+        eprintln!(
+            "warning: data {:?} not found (relative paths are relative to the current directory): the vocabulary comes from the preset or model.vocab_size",
+            dir.display()
+        );
+    }
+}
+
 /// Runs `ember bench`.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.steps == 0 {
+        anyhow::bail!("--steps 0: time at least one step");
+    }
+    if let Some(peak) = args.peak_flops.filter(|p| !(p.is_finite() && *p > 0.0)) {
+        anyhow::bail!("--peak-flops {peak}: expected a positive FLOP/s, e.g. 989e12");
+    }
     let config = RunConfig::load(&args.config, &args.set)?;
+    warn_missing_data(&config);
     let r = ember_train::commands::bench_run(config, args.steps, args.warmup, args.backend, args.peak_flops)?;
     if args.json {
         out!("{}", serde_json::to_string_pretty(&r)?);

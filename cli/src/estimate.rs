@@ -42,7 +42,14 @@ fn parse_precision(s: &str) -> Result<Precision, String> {
 
 /// Runs `ember estimate`.
 pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
+    if !(args.mfu > 0.0 && args.mfu <= 1.0) {
+        anyhow::bail!("--mfu {}: expected a fraction in (0, 1], e.g. 0.4", args.mfu);
+    }
+    if let Some(peak) = args.peak_flops.filter(|p| !(p.is_finite() && *p > 0.0)) {
+        anyhow::bail!("--peak-flops {peak}: expected a positive FLOP/s, e.g. 989e12");
+    }
     let mut config = RunConfig::load(&args.config, &args.set)?;
+    crate::bench::warn_missing_data(&config);
     let data_vocab = match config.data.clone().filter(|d| d.is_dir()) {
         Some(dir) => ember_data::PreparedData::open(&dir)?.meta.vocab_size,
         None => 0,
@@ -92,7 +99,7 @@ fn table(e: &Estimate, config: &RunConfig) -> String {
             format!("{} ({} without position embeddings)", e.params, e.params_without_positions),
         ),
         (
-            format!("persistent, {:?}", e.precision).to_lowercase(),
+            format!("persistent, {}", e.precision.name()),
             format!(
                 "{} B/param = weights {} + grads {} + fp32 master {} + AdamW m {} + v {} → {}",
                 p.total(),

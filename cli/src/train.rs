@@ -102,7 +102,12 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         );
     }
     let _coordinator = coordinator_process(&mut config)?;
-    let use_tui = args.tui || (!args.no_tui && std::io::stdout().is_terminal());
+    let several_nodes = config.parallel.nodes > 1;
+    let use_tui = !several_nodes && (args.tui || (!args.no_tui && std::io::stdout().is_terminal()));
+    if several_nodes && args.tui {
+        out!("no dashboard with several nodes: burn-collective prints to stdout at every step; use `ember watch` on node 0's run directory");
+    }
+    let leads = config.parallel.node_rank == 0;
     let options = RunOptions { config, run_dir: run_dir.clone(), resume, controls };
     let summary = if use_tui {
         with_dashboard(options)?
@@ -114,13 +119,17 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         .map(|v| format!("val loss {v:.4} (ppl {:.2})", v.exp()))
         .unwrap_or_else(|| "no evaluation".into());
     out!(
-        "{} after step {}: {val}; {:.1} s this session ({:.1} s in all), {:.0} tokens/s; run directory {}",
+        "{} after step {}: {val}; {:.1} s this session ({:.1} s in all), {:.0} tokens/s; {}",
         if summary.stopped_early { "stopped" } else { "done" },
         summary.steps,
         summary.wall_s,
         summary.elapsed_s,
         summary.tokens_per_sec,
-        run_dir.display()
+        if leads {
+            format!("run directory {}", run_dir.display())
+        } else {
+            "node 0 wrote the run directory".into()
+        }
     );
     Ok(())
 }

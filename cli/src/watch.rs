@@ -36,11 +36,26 @@ pub fn run(args: WatchArgs) -> anyhow::Result<()> {
     }
     let board = dashboard::for_run(&args.run_dir, None);
     let mut terminal = ratatui::init();
-    let never = || None;
+    // Finished when the newest record reached max_steps; idle when nothing was written for a
+    // minute (a stopped or crashed run).
+    let metrics_path = metrics.clone();
+    let max_steps = board.max_steps;
+    let finished = move || {
+        let last =
+            std::fs::read_to_string(&metrics_path).ok()?.lines().rev().find_map(|l| {
+                serde_json::from_str::<ember_train::metrics::Record>(l).ok().map(|r| r.step())
+            })?;
+        if max_steps > 0 && last >= max_steps {
+            return Some(format!("finished at step {last}"));
+        }
+        let age = std::fs::metadata(&metrics_path).ok()?.modified().ok()?.elapsed().ok()?;
+        (age.as_secs() >= 60)
+            .then(|| format!("idle: no new step for {} s (stopped at step {last}?)", age.as_secs()))
+    };
     let shown = dashboard::run(
         &mut terminal,
         board,
-        Attached { tail: MetricsTail::new(&args.run_dir), logs: None, controls: None, finished: &never },
+        Attached { tail: MetricsTail::new(&args.run_dir), logs: None, controls: None, finished: &finished },
     );
     ratatui::restore();
     shown?;

@@ -41,6 +41,12 @@ fn estimate_gives_two_gigabytes_of_persistent_state_for_gpt2_124m() {
         table.contains("16 B/param = weights 2 + grads 2 + fp32 master 4 + AdamW m 4 + v 4 → 1.992 GB"),
         "{table}"
     );
+    for (flag, value) in [("--mfu", "0"), ("--mfu", "1.5"), ("--peak-flops", "0")] {
+        let err = fails(&["estimate", "--config", "gpt2.toml", flag, value], dir.path());
+        assert!(err.contains(&format!("{flag} {value}: expected")), "{err}");
+    }
+    let err = fails(&["estimate", "--config", "gpt2.toml", "--set", "peak_flops=-5"], dir.path());
+    assert!(err.contains("peak_flops"), "{err}");
     let err = fails(&["estimate", "--config", "gpt2.toml", "--gpu", "tpu"], dir.path());
     assert!(err.contains("not in the table"), "{err}");
 }

@@ -24,6 +24,14 @@ pub enum Precision {
 }
 
 impl Precision {
+    /// Its name on the command line: `fp32` or `bf16-mixed`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Bf16Mixed => "bf16-mixed",
+        }
+    }
+
     /// Bytes per element of activations.
     pub fn activation_bytes(self) -> u64 {
         match self {
@@ -238,13 +246,13 @@ pub fn estimate(
 /// Peak dense bf16 FLOP/s (tensor cores, no sparsity) of known devices, from the vendors' data
 /// sheets; `None` for an unknown name. Override with `peak_flops` in the config.
 pub fn known_peak_flops(device: &str) -> Option<f64> {
-    let name = device.to_ascii_lowercase();
+    let name = device.to_ascii_lowercase().replace([' ', '-', '_'], "");
     let table: [(&str, f64); 7] = [
         ("h200", 989e12),
         ("h100", 989e12),
         ("a100", 312e12),
         ("l40s", 362e12),
-        ("rtx 4090", 165e12),
+        ("rtx4090", 165e12),
         ("a10", 125e12),
         ("v100", 125e12),
     ];

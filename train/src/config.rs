@@ -454,6 +454,9 @@ impl RunConfig {
                 Err((key, format!("must be a positive number, got {v}")))
             }
         };
+        if let Some(peak) = self.peak_flops {
+            finite_pos("peak_flops", peak)?;
+        }
         finite_pos("optimizer.lr", o.lr)?;
         finite_pos("optimizer.eps", o.eps)?;
         if !(o.min_lr >= 0.0 && o.min_lr <= o.lr) {

@@ -158,6 +158,25 @@ pub fn coordinator_port(config: &RunConfig) -> u16 {
     coordinator_host_port(config).1
 }
 
+/// Checks that this node's two data-service ports are free (several nodes only).
+///
+/// Errors: a port is taken, naming it and the key that moves it.
+pub fn check_data_ports(config: &RunConfig) -> Result<(), TrainError> {
+    if config.parallel.nodes <= 1 {
+        return Ok(());
+    }
+    for round in 0..2 {
+        let port = data_port(config, round);
+        std::net::TcpListener::bind(("0.0.0.0", port)).map_err(|e| {
+            TrainError::Sync(format!(
+                "node {}: data-service port {port} is not free: {e} (move the ports with parallel.data_port)",
+                config.parallel.node_rank
+            ))
+        })?;
+    }
+    Ok(())
+}
+
 /// Checks that the orchestrators' ports `port` and `port + 1` are free (burn-collective
 /// would otherwise log the failure and carry on).
 ///

@@ -276,6 +276,7 @@ pub fn train<B: AutodiffBackend>(
     let data = Arc::new(data);
     let local = devices.len();
     let first_rank = config.parallel.node_rank * local;
+    crate::parallel::check_data_ports(&config)?;
     let collective = (world_size > 1).then(|| crate::parallel::Group::new(&config, local));
     if collective.is_some() {
         log(&crate::parallel::describe(&config, local));

@@ -139,6 +139,13 @@ pub fn run(
     loop {
         let started = Instant::now();
         for record in a.tail.poll() {
+            if a.logs.is_none() {
+                // Watching files: the log panel shows the records.
+                d.log(&match &record {
+                    Record::Train(r) => r.to_string(),
+                    Record::Eval(e) => e.to_string(),
+                });
+            }
             d.push(record);
         }
         if let Some(logs) = &a.logs {
@@ -303,6 +310,17 @@ mod tests {
         let mut w = board();
         assert_eq!(w.key("p"), Action::None);
         assert!(!w.paused);
+        w.key("?");
+        let help = screen(&w);
+        assert!(
+            help.contains("leave (the run is not affected)") && !help.contains("write a checkpoint now"),
+            "{help}"
+        );
+        // The train/val legend belongs to the loss chart only.
+        assert!(screen(&board()).contains("│val  │"));
+        w.key("esc");
+        w.key("tab");
+        assert!(!screen(&w).contains("│val  │"));
     }
 
     #[test]

@@ -40,7 +40,7 @@ pub fn draw(frame: &mut Frame<'_>, d: &Dashboard) {
     memory_and_ranks(frame, lower[1], d);
     logs(frame, rows[4], d);
     if d.help {
-        help(frame, frame.area());
+        help(frame, frame.area(), d.controls_training);
     }
 }
 
@@ -99,12 +99,16 @@ fn chart(frame: &mut Frame<'_>, area: Rect, d: &Dashboard) {
     if (y1 - y0).abs() < 1e-12 {
         y1 = y0 + 1.0;
     }
-    let mut datasets = vec![Dataset::default()
-        .name("train")
+    // A legend (train/val) only where there are two curves.
+    let mut train = Dataset::default()
         .marker(Marker::Braille)
         .graph_type(GraphType::Line)
         .style(Style::default().fg(Color::Cyan))
-        .data(&main)];
+        .data(&main);
+    if extra.is_some() {
+        train = train.name("train");
+    }
+    let mut datasets = vec![train];
     if let Some(val) = &extra {
         datasets.push(
             Dataset::default()
@@ -217,21 +221,28 @@ fn logs(frame: &mut Frame<'_>, area: Rect, d: &Dashboard) {
     frame.render_widget(Paragraph::new(lines).block(block("log")), area);
 }
 
-fn help(frame: &mut Frame<'_>, area: Rect) {
+fn help(frame: &mut Frame<'_>, area: Rect, training: bool) {
     let w = 52.min(area.width);
     let h = 11.min(area.height);
     let popup =
         Rect { x: area.x + (area.width - w) / 2, y: area.y + (area.height - h) / 2, width: w, height: h };
-    let text = vec![
-        Line::raw("q        stop after a checkpoint (watch: quit)"),
-        Line::raw("s        write a checkpoint now"),
-        Line::raw("p        pause / resume training"),
+    let mut text = if training {
+        vec![
+            Line::raw("q        stop after a checkpoint"),
+            Line::raw("s        write a checkpoint now"),
+            Line::raw("p        pause / resume training"),
+        ]
+    } else {
+        vec![Line::raw("q        leave (the run is not affected)")]
+    };
+    text.extend([
         Line::raw("tab, →   next chart; ← previous"),
         Line::raw("t        x axis: steps / tokens"),
         Line::raw("?, esc   close this help"),
-        Line::raw(""),
-        Line::raw("Ctrl-C also stops after a checkpoint."),
-    ];
+    ]);
+    if training {
+        text.extend([Line::raw(""), Line::raw("Ctrl-C also stops after a checkpoint.")]);
+    }
     frame.render_widget(Clear, popup);
     frame.render_widget(Paragraph::new(text).block(block("keys")), popup);
 }
