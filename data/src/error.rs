@@ -27,7 +27,7 @@ pub enum DataError {
     },
 
     /// An input file is not valid UTF-8 (and `lossy` was not asked for).
-    #[error("input file {path} is not valid UTF-8: invalid byte sequence at byte offset {offset} (line {line}); pass --lossy to replace invalid bytes with U+FFFD")]
+    #[error("input file {path} is not valid UTF-8: invalid byte sequence at byte offset {offset} (line {line}); prepare it with `ember prepare --lossy` to replace invalid bytes with U+FFFD")]
     InvalidUtf8 {
         /// The input file.
         path: PathBuf,
