@@ -40,8 +40,9 @@ fn is_corpus_file(path: &Path) -> bool {
 /// Arguments keep their order; a file named twice is read twice.
 ///
 /// Errors: [`DataError::NoInputs`] if `given` is empty; [`DataError::BadInput`] for a path that
-/// does not exist, an invalid glob, or a directory or glob without any `.txt`/`.jsonl` file
-/// (naming the argument).
+/// does not exist or is not a regular file or directory (a device), an invalid glob, a broken
+/// symbolic link found in a directory or glob, or a directory or glob without any
+/// `.txt`/`.jsonl` file (naming the argument).
 pub fn resolve_inputs(given: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
     if given.is_empty() {
         return Err(DataError::NoInputs {
@@ -59,6 +60,8 @@ pub fn resolve_inputs(given: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
         }
         let pattern = if arg.is_dir() {
             format!("{}/**/*", glob::Pattern::escape(&shown))
+        } else if arg.exists() {
+            return Err(bad("not a regular file or a directory".into()));
         } else if shown.contains(['*', '?', '[']) {
             shown.clone()
         } else {
@@ -71,6 +74,8 @@ pub fn resolve_inputs(given: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
                 entry.map_err(|e| bad(format!("cannot read {}: {}", e.path().display(), e.error())))?;
             if is_corpus_file(&path) {
                 matched.push(path);
+            } else if path.is_symlink() && !path.exists() {
+                return Err(bad(format!("{} is a broken symbolic link", path.display())));
             }
         }
         if matched.is_empty() {
@@ -89,6 +94,18 @@ mod tests {
     fn touch(p: &Path) {
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, "x").unwrap();
+    }
+
+    #[test]
+    #[cfg(unix)]
+    fn broken_links_and_devices_are_errors() {
+        let tmp = tempfile::tempdir().unwrap();
+        touch(&tmp.path().join("d/a.txt"));
+        std::os::unix::fs::symlink(tmp.path().join("gone.txt"), tmp.path().join("d/b.txt")).unwrap();
+        let err = resolve_inputs(&[tmp.path().join("d")]).unwrap_err().to_string();
+        assert!(err.contains("b.txt is a broken symbolic link"), "{err}");
+        let err = resolve_inputs(&[PathBuf::from("/dev/null")]).unwrap_err().to_string();
+        assert!(err.contains("not a regular file or a directory"), "{err}");
     }
 
     #[test]
