@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use ember_train::accounting::{estimate, known_peak_flops, Estimate, Precision};
+use ember_train::accounting::{estimate_run, known_peak_flops, Estimate, Precision};
 use ember_train::RunConfig;
 
 /// Arguments of `ember estimate`.
@@ -50,11 +50,7 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
     }
     let mut config = RunConfig::load(&args.config, &args.set)?;
     crate::bench::warn_missing_data(&config);
-    let data_vocab = match config.data.clone().filter(|d| d.is_dir()) {
-        Some(dir) => ember_data::PreparedData::open(&dir)?.meta.vocab_size,
-        None => 0,
-    };
-    let _ = config.resolve_vocab(data_vocab);
+    let _ = config.resolve_vocab(config.data_vocab()?);
     if config.model.vocab_size() == 0 {
         anyhow::bail!(
             "{}: key `model.vocab_size`: unknown: set it (--set model.vocab_size=N) or point `data` at a prepared directory",
@@ -66,18 +62,7 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
     if let (Some(gpu), None) = (&args.gpu, peak) {
         anyhow::bail!("--gpu {gpu:?}: not in the table (h200, h100, a100, l40s, rtx 4090, a10, v100); pass --peak-flops");
     }
-    let world = config.world_size();
-    let e = estimate(
-        &config.model,
-        config.micro_batch_size as u64,
-        config.model.block_size() as u64,
-        config.tokens_per_step(world) as u64,
-        world as u64,
-        args.precision,
-        true,
-        peak,
-        args.mfu,
-    );
+    let e = estimate_run(&config, args.precision, peak, args.mfu);
     if args.json {
         out!("{}", serde_json::to_string_pretty(&e)?);
     } else {

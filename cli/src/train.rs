@@ -181,7 +181,9 @@ fn with_dashboard(options: RunOptions) -> anyhow::Result<ember_train::RunSummary
             let _ = log_tx.send(line.to_string());
         })
     });
-    let finished = || training.is_finished().then(|| "finished: press any key".to_string());
+    let finished = |_: &crate::dashboard::Dashboard| {
+        training.is_finished().then(|| "finished: press any key".to_string())
+    };
     let mut terminal = ratatui::init();
     let shown = crate::dashboard::run(
         &mut terminal,

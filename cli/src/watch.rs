@@ -38,17 +38,12 @@ pub fn run(args: WatchArgs) -> anyhow::Result<()> {
     let mut terminal = ratatui::init();
     // Finished when the newest record reached max_steps; idle when nothing was written for a
     // minute (a stopped or crashed run).
-    let metrics_path = metrics.clone();
-    let max_steps = board.max_steps;
-    let finished = move || {
-        let last =
-            std::fs::read_to_string(&metrics_path).ok()?.lines().rev().find_map(|l| {
-                serde_json::from_str::<ember_train::metrics::Record>(l).ok().map(|r| r.step())
-            })?;
-        if max_steps > 0 && last >= max_steps {
+    let finished = |d: &dashboard::Dashboard| {
+        let last = d.newest_step()?;
+        if d.max_steps > 0 && last >= d.max_steps {
             return Some(format!("finished at step {last}"));
         }
-        let age = std::fs::metadata(&metrics_path).ok()?.modified().ok()?.elapsed().ok()?;
+        let age = std::fs::metadata(&metrics).ok()?.modified().ok()?.elapsed().ok()?;
         (age.as_secs() >= 60)
             .then(|| format!("idle: no new step for {} s (stopped at step {last}?)", age.as_secs()))
     };

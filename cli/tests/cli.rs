@@ -5,34 +5,6 @@ mod common;
 use common::*;
 use std::path::{Path, PathBuf};
 
-const CONFIG: &str = r#"
-data = "prepared"
-max_steps = 6
-micro_batch_size = 4
-eval_every = 3
-eval_batches = 2
-checkpoint_every = 3
-log_every = 1
-[model]
-preset = "tiny"
-dropout = 0.1
-[optimizer]
-lr = 3e-3
-min_lr = 3e-4
-warmup_steps = 2
-lr_decay_steps = 6
-"#;
-
-/// A work directory with a prepared char corpus (`prepared/`) and `tiny.toml`.
-fn workdir() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let text: String = (0..150).map(|i| format!("ALICE:\nLine {i} of the play, said she.\n\n")).collect();
-    std::fs::write(dir.path().join("corpus.txt"), text).unwrap();
-    std::fs::write(dir.path().join("tiny.toml"), CONFIG).unwrap();
-    ok(&["prepare", "--tokenizer", "char", "--input", "corpus.txt", "--out", "prepared"], dir.path());
-    dir
-}
-
 fn losses(run_dir: PathBuf) -> Vec<(u64, String, f64)> {
     std::fs::read_to_string(run_dir.join("metrics.jsonl"))
         .unwrap()

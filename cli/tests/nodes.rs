@@ -62,6 +62,20 @@ fn node(dir: &Path, rank: usize, port: u16, extra: &[&str]) -> Child {
         .expect("ember starts")
 }
 
+/// Arguments of a run that trains until stopped, logging every step, with `timeout`.
+fn endless_run(timeout: &str) -> [&str; 8] {
+    ["--set", "max_steps=100000", "--set", "eval_every=0", "--set", "log_every=1", "--set", timeout]
+}
+
+/// Waits (up to 2 minutes) until `metrics` holds `n` records.
+fn wait_for_records(metrics: &Path, n: usize) {
+    let started = Instant::now();
+    while std::fs::read_to_string(metrics).map(|m| m.lines().count()).unwrap_or(0) < n {
+        assert!(started.elapsed() < Duration::from_secs(120), "the nodes did not start training");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[test]
 fn two_processes_match_one_process_with_twice_the_micro_batch() {
     let Some(dir) = shakespeare() else { return };
@@ -98,25 +112,11 @@ fn a_node_that_disappears_stops_the_other_within_the_timeout() {
     let Some(dir) = shakespeare() else { return };
     let w = dir.path();
     let port = free_ports();
-    let extra = [
-        "--set",
-        "max_steps=100000",
-        "--set",
-        "eval_every=0",
-        "--set",
-        "log_every=1",
-        "--set",
-        "parallel.timeout_s=5",
-    ];
+    let extra = endless_run("parallel.timeout_s=5");
     let node0 = node(w, 0, port, &extra);
     let mut node1 = node(w, 1, port, &extra);
     // Let them train a few steps, then kill node 1.
-    let metrics = w.join("runs/node0/metrics.jsonl");
-    let started = Instant::now();
-    while std::fs::read_to_string(&metrics).map(|m| m.lines().count()).unwrap_or(0) < 3 {
-        assert!(started.elapsed() < Duration::from_secs(120), "the nodes did not start training");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_records(&w.join("runs/node0/metrics.jsonl"), 3);
     node1.kill().unwrap();
     let killed = Instant::now();
     let out = node0.wait_with_output().unwrap();
@@ -133,24 +133,10 @@ fn ctrl_c_on_any_node_stops_every_node_with_a_checkpoint() {
     let Some(dir) = shakespeare() else { return };
     let w = dir.path();
     let port = free_ports();
-    let extra = [
-        "--set",
-        "max_steps=100000",
-        "--set",
-        "eval_every=0",
-        "--set",
-        "log_every=1",
-        "--set",
-        "parallel.timeout_s=20",
-    ];
+    let extra = endless_run("parallel.timeout_s=20");
     let node0 = node(w, 0, port, &extra);
     let node1 = node(w, 1, port, &extra);
-    let metrics = w.join("runs/node0/metrics.jsonl");
-    let started = Instant::now();
-    while std::fs::read_to_string(&metrics).map(|m| m.lines().count()).unwrap_or(0) < 3 {
-        assert!(started.elapsed() < Duration::from_secs(120), "the nodes did not start training");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_records(&w.join("runs/node0/metrics.jsonl"), 3);
     // Ctrl-C on node 1 (not the one that writes checkpoints).
     let status = Command::new("kill").args(["-INT", &node1.id().to_string()]).status().unwrap();
     assert!(status.success());

@@ -6,19 +6,6 @@ use std::path::Path;
 
 use common::*;
 
-const TINY: &str =
-    "data = \"prepared\"\nmax_steps = 6\nmicro_batch_size = 4\neval_every = 0\nlog_every = 1\n\
-                    [model]\npreset = \"tiny\"\n[optimizer]\nlr = 3e-3\nwarmup_steps = 2\n";
-
-fn workdir() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let text: String = (0..100).map(|i| format!("Line {i}: to be or not to be.\n")).collect();
-    std::fs::write(dir.path().join("corpus.txt"), text).unwrap();
-    std::fs::write(dir.path().join("tiny.toml"), TINY).unwrap();
-    ok(&["prepare", "--tokenizer", "char", "--input", "corpus.txt", "--out", "prepared"], dir.path());
-    dir
-}
-
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap()
 }

@@ -13,6 +13,8 @@
 use ember_model::ModelConfig;
 use serde::Serialize;
 
+use crate::config::{BackendKind, RunConfig};
+
 /// What the persistent state is stored in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -240,6 +242,34 @@ pub fn estimate(
         peak_flops,
         chinchilla_tokens,
         chinchilla_steps: chinchilla_tokens.div_ceil(tokens_per_step.max(1)),
+    }
+}
+
+/// [`estimate`] for a run configuration: its micro-batch, context, global batch and world size,
+/// attention materialized (Burn's fused attention under autodiff).
+pub fn estimate_run(config: &RunConfig, precision: Precision, peak_flops: Option<f64>, mfu: f64) -> Estimate {
+    let world = config.world_size();
+    estimate(
+        &config.model,
+        config.micro_batch_size as u64,
+        config.model.block_size() as u64,
+        config.tokens_per_step(world) as u64,
+        world as u64,
+        precision,
+        true,
+        peak_flops,
+        mfu,
+    )
+}
+
+/// The table's peak FLOP/s for the device `config` runs on: the CUDA device's model name
+/// (from the driver) looked up in [`known_peak_flops`]; `None` on the CPU or for an unknown GPU.
+pub fn table_peak_flops(config: &RunConfig) -> Option<f64> {
+    match config.backend {
+        BackendKind::Cuda => {
+            crate::bench::gpu_model(config.device).and_then(|model| known_peak_flops(&model))
+        }
+        BackendKind::Flex => None,
     }
 }
 

@@ -210,15 +210,13 @@ pub fn bench_run(
     backend: Option<BackendKind>,
     peak_flops: Option<f64>,
 ) -> Result<crate::bench::BenchReport, TrainError> {
-    if let Some(dir) = config.data.clone().filter(|d| d.is_dir()) {
-        let data = ember_data::PreparedData::open(&dir)?;
-        config
-            .resolve_vocab(data.meta.vocab_size)
-            .map_err(|(key, message)| crate::config::ConfigError::Key { path: dir.clone(), key, message })?;
-    } else {
-        // No data: the preset's vocabulary, if it has one.
-        let _ = config.resolve_vocab(0);
-    }
+    // The prepared data's vocabulary, else (no data) the preset's, if it has one.
+    let data_vocab = config.data_vocab()?;
+    config.resolve_vocab(data_vocab).map_err(|(key, message)| crate::config::ConfigError::Key {
+        path: config.data.clone().unwrap_or_default(),
+        key,
+        message,
+    })?;
     if config.model.vocab_size() == 0 {
         return Err(crate::config::ConfigError::Key {
             path: "config".into(),
@@ -254,8 +252,7 @@ pub fn bench_run(
         BackendKind::Flex => (format!("cpu (burn-flex, {} threads)", rayon_threads()), None),
         BackendKind::Cuda => {
             let model = crate::bench::gpu_model(config.device).unwrap_or_else(|| "unknown NVIDIA GPU".into());
-            let peak = crate::accounting::known_peak_flops(&model);
-            (format!("cuda:{} ({model})", config.device), peak)
+            (format!("cuda:{} ({model})", config.device), crate::accounting::table_peak_flops(&config))
         }
     };
     let peak_flops = peak_flops.or(config.peak_flops).or(table_peak);

@@ -371,6 +371,17 @@ impl RunConfig {
         Ok(())
     }
 
+    /// The vocabulary size of the prepared directory `data` names, or 0 when `data` is not a
+    /// directory (unset, missing, or a text file not prepared yet).
+    ///
+    /// Errors: the directory is not valid prepared data.
+    pub fn data_vocab(&self) -> Result<usize, ember_data::DataError> {
+        match self.data.as_deref().filter(|d| d.is_dir()) {
+            Some(dir) => Ok(ember_data::PreparedData::open(dir)?.meta.vocab_size),
+            None => Ok(0),
+        }
+    }
+
     /// With `init_from` and no explicit `model.vocab_size`, the model takes the weights'
     /// vocabulary (the published GPT-2 has 50257 rows, while the `gpt2` preset pads to 50304).
     /// Call before [`RunConfig::resolve_vocab`].

@@ -167,11 +167,11 @@ pub fn check_data_ports(config: &RunConfig) -> Result<(), TrainError> {
     }
     for round in 0..2 {
         let port = data_port(config, round);
-        std::net::TcpListener::bind(("0.0.0.0", port)).map_err(|e| {
-            TrainError::Sync(format!(
+        ensure_free(port, |e| {
+            format!(
                 "node {}: data-service port {port} is not free: {e} (move the ports with parallel.data_port)",
                 config.parallel.node_rank
-            ))
+            )
         })?;
     }
     Ok(())
@@ -183,13 +183,20 @@ pub fn check_data_ports(config: &RunConfig) -> Result<(), TrainError> {
 /// Errors: a port is taken, naming it.
 pub fn check_ports_free(port: u16) -> Result<(), TrainError> {
     for p in [port, port + 1] {
-        std::net::TcpListener::bind(("0.0.0.0", p)).map_err(|e| {
-            TrainError::Sync(format!(
+        ensure_free(p, |e| {
+            format!(
                 "cannot start the coordinator on port {p}: {e} (another coordinator or run holds it? use it with --set parallel.start_coordinator=false, or pick another --coordinator port)"
-            ))
+            )
         })?;
     }
     Ok(())
+}
+
+/// Binds `port` on all interfaces (as burn-collective's servers will) and lets it go again.
+///
+/// Errors: the port is taken, described by `message`.
+fn ensure_free(port: u16, message: impl FnOnce(std::io::Error) -> String) -> Result<(), TrainError> {
+    std::net::TcpListener::bind(("0.0.0.0", port)).map(drop).map_err(|e| TrainError::Sync(message(e)))
 }
 
 /// Runs burn-collective's global orchestrators on `port` and `port + 1` on a background

@@ -159,14 +159,9 @@ fn train_loop<B: AutodiffBackend>(
         o.grad_clip,
         r.sync.world_size()
     ));
-    let flops_per_token = crate::accounting::estimate(
-        &config.model,
-        config.micro_batch_size as u64,
-        config.model.block_size() as u64,
-        1,
-        1,
+    let flops_per_token = crate::accounting::estimate_run(
+        config,
         crate::accounting::Precision::Fp32,
-        true,
         None,
         1.0,
     )

@@ -266,12 +266,7 @@ pub fn train<B: AutodiffBackend>(
         start: state,
         session,
         controls: &controls,
-        peak_flops: config.peak_flops.or_else(|| {
-            (config.backend == crate::config::BackendKind::Cuda)
-                .then(|| crate::bench::gpu_model(config.device))
-                .flatten()
-                .and_then(|model| crate::accounting::known_peak_flops(&model))
-        }),
+        peak_flops: config.peak_flops.or_else(|| crate::accounting::table_peak_flops(&config)),
     };
     let data = Arc::new(data);
     let local = devices.len();

@@ -80,23 +80,12 @@ pub fn for_run(run_dir: &Path, config: Option<&RunConfig>) -> Dashboard {
     };
     let world = c.world_size();
     let mut c = c.clone();
-    if let Some(meta) =
-        c.data.as_ref().filter(|d| d.is_dir()).and_then(|d| ember_data::PreparedData::open(d).ok())
-    {
-        let _ = c.resolve_vocab(meta.meta.vocab_size);
+    // The prepared data's vocabulary when it can be read; the dashboard shows what it can.
+    if let Ok(vocab @ 1..) = c.data_vocab() {
+        let _ = c.resolve_vocab(vocab);
     }
     let estimate = (c.model.vocab_size() > 0).then(|| {
-        ember_train::accounting::estimate(
-            &c.model,
-            c.micro_batch_size as u64,
-            c.model.block_size() as u64,
-            c.tokens_per_step(world) as u64,
-            world as u64,
-            ember_train::accounting::Precision::Fp32,
-            true,
-            c.peak_flops,
-            0.4,
-        )
+        ember_train::accounting::estimate_run(&c, ember_train::accounting::Precision::Fp32, c.peak_flops, 0.4)
     });
     let params = estimate.as_ref().map_or(String::new(), |e| format!(" · {} params", e.params));
     let summary = format!(
@@ -121,8 +110,9 @@ pub struct Attached<'a> {
     pub logs: Option<Receiver<String>>,
     /// The run's controls (training in this process), else the dashboard only watches.
     pub controls: Option<Arc<Controls>>,
-    /// Returns how the run ended, once it has (checked every frame).
-    pub finished: &'a dyn Fn() -> Option<String>,
+    /// Returns how the run ended, once it has (checked every frame, with what the dashboard
+    /// has read so far).
+    pub finished: &'a dyn Fn(&Dashboard) -> Option<String>,
 }
 
 /// Runs the dashboard in `terminal` until the user quits (watching) or the run ends and the
@@ -154,7 +144,7 @@ pub fn run(
             }
         }
         if d.finished.is_none() {
-            d.finished = (a.finished)();
+            d.finished = (a.finished)(&d);
         }
         let drawing = Instant::now();
         terminal.draw(|f| view::draw(f, &d))?;

@@ -233,6 +233,13 @@ impl Dashboard {
         }
     }
 
+    /// The newest step of any record read so far.
+    pub fn newest_step(&self) -> Option<u64> {
+        let train = self.last.as_ref().map(|r| r.step);
+        let eval = self.last_eval.as_ref().map(|e| e.step);
+        train.max(eval)
+    }
+
     /// Seconds to `max_steps` at the newest step rate, when known.
     pub fn eta_s(&self) -> Option<f64> {
         let r = self.last.as_ref()?;
