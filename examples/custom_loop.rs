@@ -25,6 +25,9 @@ use ember_train::schedule::LrSchedule;
 use ember_train::step::{train_step, StepSettings};
 use ember_train::sync::{scalar, Solo};
 
+mod sample_text;
+use sample_text::corpus_from_args;
+
 type B = Autodiff<Flex>;
 
 /// Trains a tiny GPT on the text file `corpus` (prepared into `work`) for `steps` optimizer
@@ -58,14 +61,7 @@ fn train(corpus: &Path, work: &Path, steps: u64, accumulation: usize) -> Vec<f64
                 Batch::from_rows(rows).expect("rows of one view have one length")
             })
             .collect();
-        let settings = StepSettings {
-            step,
-            lr: schedule.lr(step),
-            grad_clip: 1.0,
-            stop: false,
-            param_hash: None,
-            timed: false,
-        };
+        let settings = StepSettings::new(step, schedule.lr(step), 1.0);
         let (next, out) =
             train_step(model, &mut optimizer, &micro_batches, settings, &mut Solo, &device).expect("a step");
         model = next;
@@ -74,17 +70,9 @@ fn train(corpus: &Path, work: &Path, steps: u64, accumulation: usize) -> Vec<f64
     losses
 }
 
-fn sample_corpus(dir: &Path) -> std::path::PathBuf {
-    let text: String =
-        (0..300).map(|i| format!("Line {i}: the quick brown fox jumps over the lazy dog.\n")).collect();
-    let path = dir.join("corpus.txt");
-    std::fs::write(&path, text).expect("write the corpus");
-    path
-}
-
 fn main() {
     let work = tempfile::tempdir().expect("a temporary directory");
-    let corpus = std::env::args().nth(1).map(Into::into).unwrap_or_else(|| sample_corpus(work.path()));
+    let corpus = corpus_from_args(work.path());
     let losses = train(&corpus, work.path(), 30, 2);
     for (step, loss) in losses.iter().enumerate().filter(|(i, _)| i % 5 == 4) {
         println!("step {:>3} | loss {loss:.4} nats/token", step + 1);
@@ -94,6 +82,7 @@ fn main() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sample_text::sample_corpus;
 
     #[test]
     fn a_custom_loop_over_the_dataset_trait_trains_and_the_loss_falls() {

@@ -95,6 +95,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         mb(r.baseline_rss_bytes),
         mb(r.estimate.peak_bytes.0)
     );
+    if let Some(device) = r.device_memory {
+        out!(
+            "device memory    {:.1} MB in use at most (after forward+backward), {:.1} MB reserved by the pool",
+            mb(device.in_use_bytes),
+            mb(device.reserved_bytes)
+        );
+    }
     out!(
         "last loss        {:.4} nats/token (random tokens: ≈ ln(vocab) = {:.4})",
         r.last_loss,

@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::accounting::{estimate, Estimate, Precision};
 use crate::config::RunConfig;
+use crate::device_memory::{device_memory, DeviceMemory};
 use crate::error::TrainError;
 use crate::optim::{clip_grad_norm, scale_grads, AdamWGroups};
 use crate::step::accumulate;
@@ -52,6 +53,10 @@ pub struct BenchReport {
     pub baseline_rss_bytes: u64,
     /// Peak process resident memory, bytes (Linux `VmHWM`).
     pub peak_rss_bytes: u64,
+    /// On CUDA: the most bytes in use in the device pool at a phase boundary (after the
+    /// forward+backward, when gradients are alive), and the bytes the pool reserved by the end
+    /// (its high-water mark); `None` on the CPU.
+    pub device_memory: Option<DeviceMemory>,
     /// The accounting of this configuration.
     pub estimate: Estimate,
     /// Vocabulary size of the model.
@@ -92,6 +97,7 @@ pub fn bench<B: AutodiffBackend>(
         }
     };
     let mut phases = [Duration::ZERO; 4];
+    let mut peak_device: Option<DeviceMemory> = None;
     let mut last_loss = f64::NAN;
     let mut timed = Duration::ZERO;
     for step in 0..warmup + steps {
@@ -102,6 +108,11 @@ pub fn bench<B: AutodiffBackend>(
         scale_grads(&model, &mut grads, 1.0 / tokens.max(1) as f64);
         let loss = scalar(nll) / tokens.max(1) as f64;
         let forward_backward = clock.lap();
+        if let Some(now) = device_memory(device) {
+            let peak = peak_device.get_or_insert(now);
+            peak.in_use_bytes = peak.in_use_bytes.max(now.in_use_bytes);
+            peak.reserved_bytes = now.reserved_bytes;
+        }
         let sync = Duration::ZERO;
         clip_grad_norm(&model, &mut grads, config.optimizer.grad_clip);
         model = optimizer.step(config.optimizer.lr, model, grads);
@@ -144,6 +155,10 @@ pub fn bench<B: AutodiffBackend>(
         mfu: peak_flops.map(|peak| estimate.flops_per_token as f64 * tokens_per_sec / peak),
         baseline_rss_bytes,
         peak_rss_bytes: rss_bytes("VmHWM:").unwrap_or(0),
+        device_memory: peak_device.map(|peak| DeviceMemory {
+            reserved_bytes: device_memory(device).map_or(peak.reserved_bytes, |m| m.reserved_bytes),
+            ..peak
+        }),
         estimate,
         vocab_size: vocab,
         last_loss,

@@ -16,10 +16,13 @@ pub mod checkpoint;
 pub mod commands;
 pub mod config;
 pub mod controls;
+pub mod device_memory;
 pub mod error;
 pub mod eval;
 pub mod feed;
 pub mod fsutil;
+#[cfg(feature = "burn-train")]
+pub mod learner;
 pub mod loss;
 pub mod metrics;
 pub mod optim;

@@ -72,6 +72,13 @@ pub struct TrainRecord {
     /// Resident memory of node 0's process at this step, bytes (`null` off Linux).
     #[serde(default)]
     pub rss_bytes: Option<u64>,
+    /// On CUDA: bytes held by live tensors in node 0's device pool at this step (`null`
+    /// elsewhere); see [`crate::device_memory`].
+    #[serde(default)]
+    pub device_in_use_bytes: Option<u64>,
+    /// On CUDA: bytes node 0's device pool has reserved from the driver.
+    #[serde(default)]
+    pub device_reserved_bytes: Option<u64>,
     /// The 64-bit parameter hash compared at this step (16 hex digits; `null` when not
     /// compared).
     #[serde(default)]
@@ -103,6 +110,8 @@ impl EvalRecord {
 }
 
 /// One line of `metrics.jsonl`.
+// One record per logged step: boxing the larger variant would save nothing that matters.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Record {
@@ -136,6 +145,14 @@ impl fmt::Display for TrainRecord {
             100.0 * self.data_wait_frac,
             self.elapsed_s
         )?;
+        if let (Some(in_use), Some(reserved)) = (self.device_in_use_bytes, self.device_reserved_bytes) {
+            write!(
+                f,
+                " | device {:.0} MB in use, {:.0} MB reserved",
+                in_use as f64 / 1e6,
+                reserved as f64 / 1e6
+            )?;
+        }
         if self.allreduce_bytes > 0 {
             let step_s = self.sync_s.max(1e-12);
             let mb = self.allreduce_bytes as f64 / 1e6;
@@ -240,6 +257,8 @@ mod tests {
             checkpoint_s: 0.0,
             mfu: None,
             rss_bytes: None,
+            device_in_use_bytes: None,
+            device_reserved_bytes: None,
             tokens: step * 10,
             elapsed_s: step as f64,
         })

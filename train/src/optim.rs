@@ -2,10 +2,11 @@
 //! global-norm gradient clipping — the two pieces Burn 0.21 does not provide.
 
 use std::fmt;
+use std::marker::PhantomData;
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{AdamW, AdamWConfig, GradientsParams, Optimizer};
+use burn::optim::{AdamW, AdamWConfig, GradientsParams, MultiGradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor};
 
@@ -43,6 +44,10 @@ impl fmt::Display for Census {
 /// parameters of rank ≥ 2 get decoupled weight decay `θ ← θ·(1 − lr·wd)`, rank-1 parameters
 /// (biases, LayerNorm) none — nanoGPT's `configure_optimizers` rule. Burn 0.21 has no parameter
 /// groups, so each group is its own Burn optimizer stepped on its share of the gradients.
+///
+/// It is also a Burn [`Optimizer`] (record: `(decay, no_decay)`), so burn-train's `Learner`
+/// can drive it.
+#[derive(Clone)]
 pub struct AdamWGroups<M: AutodiffModule<B>, B: AutodiffBackend> {
     decay: AdamWAdaptor<M, B>,
     no_decay: AdamWAdaptor<M, B>,
@@ -107,6 +112,45 @@ impl<M: AutodiffModule<B>, B: AutodiffBackend> AdamWGroups<M, B> {
         self.decay = self.decay.load_record(decay);
         self.no_decay = self.no_decay.load_record(no_decay);
         self
+    }
+}
+
+impl<M: AutodiffModule<B>, B: AutodiffBackend> Optimizer<M, B> for AdamWGroups<M, B> {
+    type Record = (AdamWRecord<M, B>, AdamWRecord<M, B>);
+
+    fn step(&mut self, lr: f64, module: M, grads: GradientsParams) -> M {
+        AdamWGroups::step(self, lr, module, grads)
+    }
+
+    /// Gradients from several devices (burn-train's multi-device strategy) are summed on each
+    /// parameter's device, then stepped as one.
+    fn step_multi(&mut self, lr: f64, module: M, mut grads: MultiGradientsParams) -> M {
+        let mut merged = GradientsParams::new();
+        module.visit(&mut MergeDevices::<B> { from: &mut grads, into: &mut merged, backend: PhantomData });
+        AdamWGroups::step(self, lr, module, merged)
+    }
+
+    fn to_record(&self) -> Self::Record {
+        self.to_records()
+    }
+
+    fn load_record(self, (decay, no_decay): Self::Record) -> Self {
+        self.load_records(decay, no_decay)
+    }
+}
+
+/// Moves each parameter's summed multi-device gradient into one [`GradientsParams`].
+struct MergeDevices<'a, B> {
+    from: &'a mut MultiGradientsParams,
+    into: &'a mut GradientsParams,
+    backend: PhantomData<B>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for MergeDevices<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some((grad, _)) = self.from.remove::<B::InnerBackend, D>(param.id) {
+            self.into.register(param.id, grad.to_device(&param.device()));
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use ember_model::LanguageModel;
 use crate::checkpoint::{self, TrainState};
 use crate::config::RunConfig;
 use crate::controls::Controls;
+use crate::device_memory::device_memory;
 use crate::error::TrainError;
 use crate::eval::evaluate;
 use crate::feed::Feed;
@@ -220,6 +221,7 @@ fn train_loop<B: AutodiffBackend>(
                         return Err(TrainError::NonFinite { step, what, value });
                     }
                 }
+                let device_memory = device_memory(&r.device);
                 let record = TrainRecord {
                     step,
                     loss,
@@ -246,6 +248,8 @@ fn train_loop<B: AutodiffBackend>(
                             / (peak * r.sync.world_size() as f64)
                     }),
                     rss_bytes: crate::bench::rss_bytes("VmRSS:"),
+                    device_in_use_bytes: device_memory.map(|m| m.in_use_bytes),
+                    device_reserved_bytes: device_memory.map(|m| m.reserved_bytes),
                     tokens: state.tokens,
                     elapsed_s: elapsed(&state),
                 };

@@ -3,6 +3,9 @@
 
 use std::f64::consts::PI;
 
+use burn::optim::lr_scheduler::LrScheduler;
+use burn::tensor::backend::Backend;
+
 /// The schedule of [`crate::config::OptimizerConfig`], as a pure function of the optimizer step.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LrSchedule {
@@ -37,6 +40,45 @@ impl LrSchedule {
     }
 }
 
+/// [`LrSchedule`] as a Burn [`LrScheduler`], for burn-train's `Learner`: each `step()` is one
+/// optimizer step and returns that step's rate (the first call gives step 1's). Its record is
+/// the number of steps taken, so a burn-train checkpoint resumes the schedule exactly.
+///
+/// Burn's own strategies call `step()` once per *micro*-batch; [`crate::learner::EmberStrategy`]
+/// calls it once per optimizer step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WarmupCosine {
+    /// The schedule.
+    pub schedule: LrSchedule,
+    /// Optimizer steps taken so far.
+    pub steps_taken: u64,
+}
+
+impl WarmupCosine {
+    /// Before the first step.
+    pub fn new(schedule: LrSchedule) -> Self {
+        Self { schedule, steps_taken: 0 }
+    }
+}
+
+impl LrScheduler for WarmupCosine {
+    type Record<B: Backend> = usize;
+
+    fn step(&mut self) -> f64 {
+        self.steps_taken += 1;
+        self.schedule.lr(self.steps_taken)
+    }
+
+    fn to_record<B: Backend>(&self) -> usize {
+        self.steps_taken as usize
+    }
+
+    fn load_record<B: Backend>(mut self, record: usize) -> Self {
+        self.steps_taken = record as u64;
+        self
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,6 +103,19 @@ mod tests {
         assert!(close(S.lr(2000), 1e-4));
         assert!(close(S.lr(5000), 1e-4));
         assert!(S.lr(101) < 1e-3 && S.lr(101) > 0.999e-3);
+    }
+
+    #[test]
+    fn the_burn_scheduler_steps_the_schedule_and_resumes_from_its_record() {
+        type Flex = burn::backend::Flex;
+        let mut scheduler = WarmupCosine::new(S);
+        let first: Vec<f64> = (0..3).map(|_| scheduler.step()).collect();
+        assert_eq!(first, vec![S.lr(1), S.lr(2), S.lr(3)]);
+        let record = LrScheduler::to_record::<Flex>(&scheduler);
+        assert_eq!(record, 3);
+        let mut resumed = WarmupCosine::new(S).load_record::<Flex>(record);
+        assert_eq!(resumed.step(), S.lr(4));
+        assert_eq!(scheduler.step(), S.lr(4));
     }
 
     #[test]

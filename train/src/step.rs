@@ -55,6 +55,14 @@ pub struct StepSettings {
     pub timed: bool,
 }
 
+impl StepSettings {
+    /// Step `step` at learning rate `lr`, clipping at `grad_clip`: nothing to stop, no
+    /// parameter hash to compare, phases untimed (a single worker's usual step).
+    pub fn new(step: u64, lr: f64, grad_clip: f64) -> Self {
+        Self { step, lr, grad_clip, stop: false, param_hash: None, timed: false }
+    }
+}
+
 /// Steps 2–4 on one rank: for each micro-batch, forward, Σ NLL over its scored targets,
 /// backward; gradients summed over micro-batches. Returns `∇ Σ NLL`, `Σ NLL` (nats, `[1]`) and
 /// the scored-token count — not yet divided by the global count, which only the gradient

@@ -363,14 +363,7 @@ pub fn verify<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Repo
         let mut optimizer = AdamWGroups::new(&opt, &model);
         let mut losses = Vec::new();
         for step in 1..=steps as u64 {
-            let settings = StepSettings {
-                step,
-                lr,
-                grad_clip: opt.grad_clip,
-                stop: false,
-                param_hash: None,
-                timed: false,
-            };
+            let settings = StepSettings::new(step, lr, opt.grad_clip);
             let (next, out) = train_step(model, &mut optimizer, batches, settings, &mut Solo, device)?;
             model = next;
             if step == 1 && name == "accumulated" {

@@ -132,8 +132,7 @@ fn uneven_scored_tokens_give_the_global_token_mean() {
     let single_loss = scalar(single_loss);
 
     let group = Group::new(&config, 2);
-    let settings =
-        StepSettings { step: 1, lr: 0.0, grad_clip: 0.0, stop: false, param_hash: None, timed: false };
+    let settings = StepSettings::new(1, 0.0, 0.0);
     let results: Vec<_> = std::thread::scope(|scope| {
         let handles: Vec<_> = [rank0, rank1]
             .into_iter()

@@ -14,13 +14,15 @@ const PHASE_COLORS: [Color; 6] =
 
 /// Draws `d` over the whole frame.
 pub fn draw(frame: &mut Frame<'_>, d: &Dashboard) {
+    let memory = memory_lines(d);
+    let lower_height = (memory.len() as u16 + 2).max(6);
     let rows = Layout::default()
         .direction(Direction::Vertical)
         .constraints([
             Constraint::Length(3),
             Constraint::Length(1),
             Constraint::Min(10),
-            Constraint::Length(6),
+            Constraint::Length(lower_height),
             Constraint::Length(8),
         ])
         .split(frame.area());
@@ -37,7 +39,7 @@ pub fn draw(frame: &mut Frame<'_>, d: &Dashboard) {
         .constraints([Constraint::Min(40), Constraint::Length(38)])
         .split(rows[3]);
     time_split(frame, lower[0], d);
-    memory_and_ranks(frame, lower[1], d);
+    memory_and_ranks(frame, lower[1], memory);
     logs(frame, rows[4], d);
     if d.help {
         help(frame, frame.area(), d.controls_training);
@@ -190,7 +192,13 @@ fn time_split(frame: &mut Frame<'_>, area: Rect, d: &Dashboard) {
     frame.render_widget(Paragraph::new(text).wrap(Wrap { trim: true }).block(block(&title)), area);
 }
 
-fn memory_and_ranks(frame: &mut Frame<'_>, area: Rect, d: &Dashboard) {
+fn memory_and_ranks(frame: &mut Frame<'_>, area: Rect, lines: Vec<Line<'static>>) {
+    frame.render_widget(Paragraph::new(lines).block(block("memory · ranks")), area);
+}
+
+/// The memory and ranks panel's lines: estimate, RSS, the device pool on CUDA (in use, and
+/// reserved in parentheses), ranks and their parameter agreement.
+fn memory_lines(d: &Dashboard) -> Vec<Line<'static>> {
     let mb = |b: u64| format!("{:.1} MB", b as f64 / 1e6);
     let mut lines = Vec::new();
     if let Some(e) = &d.estimate {
@@ -198,6 +206,12 @@ fn memory_and_ranks(frame: &mut Frame<'_>, area: Rect, d: &Dashboard) {
     }
     if let Some(rss) = d.last.as_ref().and_then(|r| r.rss_bytes) {
         lines.push(Line::raw(format!("RSS now    {}", mb(rss))));
+    }
+    if let Some(r) = d.last.as_ref() {
+        if let (Some(in_use), Some(reserved)) = (r.device_in_use_bytes, r.device_reserved_bytes) {
+            let reserved = format!("{:.1}", reserved as f64 / 1e6);
+            lines.push(Line::raw(format!("device     {} ({reserved} rsv)", mb(in_use))));
+        }
     }
     let (step, agree, hash) =
         d.last.as_ref().map_or((0, None, None), |r| (r.step, r.replicas_agree, r.param_hash.clone()));
@@ -212,7 +226,7 @@ fn memory_and_ranks(frame: &mut Frame<'_>, area: Rect, d: &Dashboard) {
     if let Some(hash) = hash {
         lines.push(Line::raw(format!("hash       {hash}")));
     }
-    frame.render_widget(Paragraph::new(lines).block(block("memory · ranks")), area);
+    lines
 }
 
 fn logs(frame: &mut Frame<'_>, area: Rect, d: &Dashboard) {
