@@ -71,7 +71,8 @@ fn data_and_model(corpus: &Path, work: &Path) -> (DataView, DataView, LanguageMo
 /// The optimizer settings and the schedule both runs use.
 fn optimizer_and_schedule(steps: u64) -> (OptimizerConfig, LrSchedule) {
     let optimizer = OptimizerConfig { lr: 3e-3, min_lr: 3e-4, warmup_steps: 3, ..Default::default() };
-    (optimizer, LrSchedule { peak: 3e-3, min: 3e-4, warmup_steps: 3, decay_steps: steps })
+    let schedule = LrSchedule::from_config(&optimizer, steps);
+    (optimizer, schedule)
 }
 
 /// Trains `model` under burn-train's `SupervisedTraining` with Ember's strategy; Burn's logs and
@@ -115,7 +116,9 @@ fn train_with_burn(
         None => training,
     };
     training
-        .with_training_strategy(TrainingStrategy::Custom(Arc::new(EmberStrategy::<B>::new(device))))
+        .with_training_strategy(TrainingStrategy::Custom(Arc::new(
+            EmberStrategy::<B>::new(device).with_grad_clip(optimizer.grad_clip),
+        )))
         .launch(learner)
 }
 
@@ -132,7 +135,7 @@ fn main() {
         resume: None,
     };
     train_with_burn(model, train, valid, &setup, Path::new("burn-train-run"));
-    println!("metrics and checkpoints: burn-train-run/");
+    println!("metrics: burn-train-run/train, burn-train-run/valid; checkpoints (one per completed epoch): burn-train-run/checkpoint");
 }
 
 #[cfg(test)]
@@ -245,5 +248,14 @@ mod tests {
         assert_eq!(logged(&interrupted, 1, "Loss"), straight_epoch_2("Loss"));
         let (a, b) = (valid_loss(&straight.model.model, &valid), valid_loss(&resumed.model.model, &valid));
         assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+    }
+
+    #[test]
+    fn an_empty_train_split_stops_before_validating_or_checkpointing() {
+        let (work, train, valid, model) = fixture();
+        let artifacts = work.path().join("empty");
+        train_with_burn(model, train, valid, &in_order(0, 2), &artifacts);
+        assert!(!artifacts.join("checkpoint/model-1.mpk").exists());
+        assert!(!artifacts.join("valid/epoch-1/Loss.log").exists());
     }
 }

@@ -50,7 +50,7 @@ fn train(corpus: &Path, work: &Path, steps: u64, accumulation: usize) -> Vec<f64
 
     let optimizer_config = OptimizerConfig { lr: 3e-3, min_lr: 3e-4, warmup_steps: 5, ..Default::default() };
     let mut optimizer = AdamWGroups::new(&optimizer_config, &model);
-    let schedule = LrSchedule { peak: 3e-3, min: 3e-4, warmup_steps: 5, decay_steps: steps };
+    let schedule = LrSchedule::from_config(&optimizer_config, steps);
     let mut losses = Vec::new();
     for step in 1..=steps {
         let micro_batches: Vec<Batch> = (0..accumulation)

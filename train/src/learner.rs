@@ -43,9 +43,11 @@ use crate::step::{accumulate, batch_nll, forward_backward};
 /// An Ember [`LanguageModel`] as a burn-train model. Input: one micro-batch of token rows
 /// ([`Batch`], `[batch_size, seq_len]`, host-side); output: [`LmOutput`].
 ///
-/// Used alone under burn-train's default strategies, each `step` is one micro-batch's
-/// token-mean loss and gradient; under [`EmberStrategy`] the gradient is taken over all
-/// micro-batches of an optimizer step at once.
+/// Under [`EmberStrategy`] the gradient is taken over all micro-batches of an optimizer step
+/// at once. Under burn-train's default strategies each `step` is one micro-batch's token-mean
+/// loss and gradient (with its gradient norm), and burn-train's loop then advances the
+/// learning rate per micro-batch and averages per-batch means: use [`EmberStrategy`] for
+/// Ember's semantics.
 #[derive(Module, Debug)]
 pub struct EmberLm<B: Backend> {
     /// The wrapped model.
@@ -67,17 +69,19 @@ impl<B: AutodiffBackend> TrainStep for EmberLm<B> {
     type Input = Batch;
     type Output = LmOutput<B::InnerBackend>;
 
-    /// Mean NLL over the batch's scored targets (nats/token) and its gradient. A batch with no
-    /// scored target contributes a zero gradient and a loss of 0.
+    /// Mean NLL over the batch's scored targets (nats/token), its gradient and the gradient's
+    /// global norm. A batch with no scored target contributes a zero gradient and a loss of 0.
     fn step(&self, batch: Batch) -> TrainOutput<LmOutput<B::InnerBackend>> {
         let started = Instant::now();
         let device = self.device();
         let micro_batches = std::slice::from_ref(&batch);
-        let (grads, loss, scored_tokens) = match forward_backward(&self.model, micro_batches, 0, &device) {
+        let (mut grads, loss, scored_tokens) = match forward_backward(&self.model, micro_batches, 0, &device)
+        {
             Ok(normalized) => normalized,
             Err(_) => accumulate(&self.model, micro_batches, &device),
         };
-        let item = LmOutput::new(loss, None, &batch, scored_tokens, started);
+        let norm = clip_grad_norm(self, &mut grads, 0.0);
+        let item = LmOutput::new(loss, Some(norm), &batch, scored_tokens, started);
         TrainOutput { grads, item }
     }
 }
@@ -174,7 +178,8 @@ impl<B: Backend> ItemLazy for LmOutput<B> {
     }
 }
 
-/// For burn-train's `LossMetric::<Flex>`: the loss repeated once per scored token, so the
+/// For burn-train's `LossMetric::<Flex>` — `Flex` whatever the training backend, since the
+/// synced stats live on the host: the loss repeated once per scored token, so the
 /// metric's epoch value (a mean weighted by the input's length) is the token-weighted mean
 /// over the epoch, Σ NLL ÷ Σ scored tokens, as Ember reports it.
 impl Adaptor<LossInput<Flex>> for LmStats {
@@ -333,7 +338,7 @@ pub type EmberComponents<B, LR, O> = LearningComponentsMarker<B, LR, EmberLm<B>,
 /// Ember's optimizer step as a burn-train [`SupervisedLearningStrategy`]: pass it as
 /// `TrainingStrategy::Custom(Arc::new(EmberStrategy::new(device)))`.
 ///
-/// Each optimizer step takes `grads_accumulation` micro-batches (1 if unset) from the train
+/// Each optimizer step takes `grads_accumulation` micro-batches (1 if unset or 0) from the train
 /// loader and, as [`crate::step::train_step`] does:
 /// 1. advances the learning-rate scheduler once (burn-train's loop: once per micro-batch);
 /// 2. takes the gradient of Σ NLL ÷ the scored tokens of all its micro-batches — the full
@@ -344,8 +349,11 @@ pub type EmberComponents<B, LR, O> = LearningComponentsMarker<B, LR, EmberLm<B>,
 /// The epoch's last, partial accumulation window is a step over the micro-batches it has
 /// (burn-train's loop drops it). Each step is reported as one [`LmOutput`] with the step's
 /// learning rate; after each epoch, the validation loader is evaluated, then burn-train's
-/// checkpointer and early stopping run, as in burn-train's single-device strategy. A step
-/// with no scored target stops training through the interrupter, with a message naming it.
+/// checkpointer and early stopping run, as in burn-train's single-device strategy.
+///
+/// A step with no scored target, or an epoch whose train loader yields no batch, stops
+/// training through the interrupter (`Interrupter::get_message` says why; it is also logged
+/// at error level) before anything is checkpointed.
 #[derive(Clone, Debug)]
 pub struct EmberStrategy<B: Backend> {
     device: B::Device,
@@ -390,6 +398,9 @@ where
         for epoch in starting_epoch..=components.num_epochs {
             let global = Progress { items_processed: epoch, items_total: components.num_epochs };
             self.train_epoch(&mut learner, &train, accumulation, &global, &mut processor, &interrupter);
+            if train.num_items() == 0 {
+                stop(&interrupter, format!("the train loader yielded no batch in epoch {epoch}"));
+            }
             processor.process_train(LearnerEvent::EndEpoch(epoch));
             if interrupter.should_stop() {
                 break;
@@ -436,7 +447,7 @@ impl<B: AutodiffBackend> EmberStrategy<B> {
                 match forward_backward(&model.model, &micro_batches, step, &self.device) {
                     Ok(step) => step,
                     Err(e) => {
-                        interrupter.stop(Some(&format!("EmberStrategy: {e}")));
+                        stop(interrupter, e.to_string());
                         break;
                     }
                 };
@@ -452,6 +463,13 @@ impl<B: AutodiffBackend> EmberStrategy<B> {
             }
         }
     }
+}
+
+/// Stops training through `interrupter` with `reason`, and logs it.
+fn stop(interrupter: &Interrupter, reason: String) {
+    let message = format!("EmberStrategy stopped training: {reason}");
+    log::error!("{message}");
+    interrupter.stop(Some(&message));
 }
 
 /// Evaluates every validation batch with the inference model and reports each one.

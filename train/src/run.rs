@@ -254,15 +254,9 @@ pub fn train<B: AutodiffBackend>(
         world_size,
         if world_size == 1 { "" } else { "s" }
     ));
-    let o = &config.optimizer;
     let plan = Plan {
         config: &config,
-        schedule: LrSchedule {
-            peak: o.lr,
-            min: o.min_lr,
-            warmup_steps: o.warmup_steps,
-            decay_steps: o.lr_decay_steps.unwrap_or(config.max_steps),
-        },
+        schedule: LrSchedule::from_config(&config.optimizer, config.max_steps),
         start: state,
         session,
         controls: &controls,

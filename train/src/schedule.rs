@@ -6,6 +6,8 @@ use std::f64::consts::PI;
 use burn::optim::lr_scheduler::LrScheduler;
 use burn::tensor::backend::Backend;
 
+use crate::config::OptimizerConfig;
+
 /// The schedule of [`crate::config::OptimizerConfig`], as a pure function of the optimizer step.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LrSchedule {
@@ -20,6 +22,17 @@ pub struct LrSchedule {
 }
 
 impl LrSchedule {
+    /// The schedule of `optimizer` (`lr`, `min_lr`, `warmup_steps`, `lr_decay_steps`), the
+    /// decay ending at `max_steps` when `lr_decay_steps` is unset.
+    pub fn from_config(optimizer: &OptimizerConfig, max_steps: u64) -> Self {
+        Self {
+            peak: optimizer.lr,
+            min: optimizer.min_lr,
+            warmup_steps: optimizer.warmup_steps,
+            decay_steps: optimizer.lr_decay_steps.unwrap_or(max_steps),
+        }
+    }
+
     /// Learning rate of optimizer step `step` (counted from 1; step 0 is treated as step 1).
     ///
     /// - `step ≤ warmup`: `peak · step / warmup` (step 1 gets `peak/warmup`, never 0);
