@@ -21,7 +21,7 @@ use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use burn::tensor::backend::Backend;
 use burn_train::metric::{LearningRateMetric, LossMetric};
 use burn_train::{Learner, LearningResult, SupervisedTraining, TrainingStrategy};
-use ember_data::{prepare, DataView, PrepareOptions, PreparedData, Split, TokenizerKind};
+use ember_data::{DataView, Split};
 use ember_model::{LanguageModel, ModelConfig};
 use ember_train::config::OptimizerConfig;
 use ember_train::learner::{EmberLm, EmberStrategy, GradNormMetric, TokensPerSecondMetric, WindowBatcher};
@@ -29,7 +29,7 @@ use ember_train::optim::AdamWGroups;
 use ember_train::schedule::{LrSchedule, WarmupCosine};
 
 mod sample_text;
-use sample_text::corpus_from_args;
+use sample_text::{corpus_from_args, prepare_chars};
 
 type B = Autodiff<Flex>;
 
@@ -51,10 +51,7 @@ struct Setup {
 /// Prepares `corpus` (character-level) under `work` and returns the train and validation views
 /// and a tiny GPT for them, initialized from seed 1337 with dropout off.
 fn data_and_model(corpus: &Path, work: &Path) -> (DataView, DataView, LanguageModel<B>) {
-    let mut options = PrepareOptions::new(TokenizerKind::Char, vec![corpus.into()], work.join("data"));
-    options.progress = false;
-    prepare(&options).expect("prepare the corpus");
-    let data = Arc::new(PreparedData::open(&work.join("data")).expect("open the prepared data"));
+    let data = prepare_chars(corpus, &work.join("data"));
     let mut config = ModelConfig::preset("tiny").expect("a preset");
     config.set_vocab_size(data.meta.vocab_size);
     if let ModelConfig::Gpt2(gpt) = &mut config {

@@ -10,14 +10,11 @@
 //! Without an argument it trains on a small generated text.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::Backend;
 use burn_dataset::Dataset;
-use ember_data::{
-    prepare, Batch, DataView, EpochSampler, PrepareOptions, PreparedData, SamplerState, Split, TokenizerKind,
-};
+use ember_data::{Batch, DataView, EpochSampler, SamplerState, Split};
 use ember_model::{LanguageModel, ModelConfig};
 use ember_train::config::OptimizerConfig;
 use ember_train::optim::AdamWGroups;
@@ -26,17 +23,14 @@ use ember_train::step::{train_step, StepSettings};
 use ember_train::sync::{scalar, Solo};
 
 mod sample_text;
-use sample_text::corpus_from_args;
+use sample_text::{corpus_from_args, prepare_chars};
 
 type B = Autodiff<Flex>;
 
 /// Trains a tiny GPT on the text file `corpus` (prepared into `work`) for `steps` optimizer
 /// steps of `accumulation` micro-batches of 8 windows; returns the loss of every step.
 fn train(corpus: &Path, work: &Path, steps: u64, accumulation: usize) -> Vec<f64> {
-    let mut options = PrepareOptions::new(TokenizerKind::Char, vec![corpus.into()], work.join("data"));
-    options.progress = false;
-    prepare(&options).expect("prepare the corpus");
-    let data = Arc::new(PreparedData::open(&work.join("data")).expect("open the prepared data"));
+    let data = prepare_chars(corpus, &work.join("data"));
 
     let device = Default::default();
     B::seed(&device, 1337);

@@ -97,7 +97,7 @@ pub fn bench<B: AutodiffBackend>(
         }
     };
     let mut phases = [Duration::ZERO; 4];
-    let mut peak_device: Option<DeviceMemory> = None;
+    let mut max_in_use: Option<u64> = None;
     let mut last_loss = f64::NAN;
     let mut timed = Duration::ZERO;
     for step in 0..warmup + steps {
@@ -109,9 +109,7 @@ pub fn bench<B: AutodiffBackend>(
         let loss = scalar(nll) / tokens.max(1) as f64;
         let forward_backward = clock.lap();
         if let Some(now) = device_memory(device) {
-            let peak = peak_device.get_or_insert(now);
-            peak.in_use_bytes = peak.in_use_bytes.max(now.in_use_bytes);
-            peak.reserved_bytes = now.reserved_bytes;
+            max_in_use = Some(max_in_use.unwrap_or(0).max(now.in_use_bytes));
         }
         let sync = Duration::ZERO;
         clip_grad_norm(&model, &mut grads, config.optimizer.grad_clip);
@@ -155,9 +153,8 @@ pub fn bench<B: AutodiffBackend>(
         mfu: peak_flops.map(|peak| estimate.flops_per_token as f64 * tokens_per_sec / peak),
         baseline_rss_bytes,
         peak_rss_bytes: rss_bytes("VmHWM:").unwrap_or(0),
-        device_memory: peak_device.map(|peak| DeviceMemory {
-            reserved_bytes: device_memory(device).map_or(peak.reserved_bytes, |m| m.reserved_bytes),
-            ..peak
+        device_memory: max_in_use.and_then(|in_use_bytes| {
+            Some(DeviceMemory { in_use_bytes, reserved_bytes: device_memory(device)?.reserved_bytes })
         }),
         estimate,
         vocab_size: vocab,

@@ -6,6 +6,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use burn::module::Module;
+use burn::optim::Optimizer;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use ember_model::LanguageModel;
@@ -79,7 +80,7 @@ pub fn save<B: AutodiffBackend>(
             message: format!("cannot write record: {e}"),
         };
         recorder().record(model.clone().into_record(), tmp.join("model")).map_err(record_err)?;
-        let (decay, no_decay) = optimizer.to_records();
+        let (decay, no_decay) = optimizer.to_record();
         recorder().record(decay, tmp.join("optim_decay")).map_err(record_err)?;
         recorder().record(no_decay, tmp.join("optim_no_decay")).map_err(record_err)?;
         let json = serde_json::to_vec_pretty(state).expect("state serializes");
@@ -182,5 +183,5 @@ pub fn load_optimizer<B: AutodiffBackend>(
             message: format!("cannot load optimizer state: {e}"),
         })
     };
-    Ok(optimizer.load_records(load("optim_decay")?, load("optim_no_decay")?))
+    Ok(optimizer.load_record((load("optim_decay")?, load("optim_no_decay")?)))
 }

@@ -81,7 +81,7 @@ impl<B: AutodiffBackend> TrainStep for EmberLm<B> {
             Err(_) => accumulate(&self.model, micro_batches, &device),
         };
         let norm = clip_grad_norm(self, &mut grads, 0.0);
-        let item = LmOutput::new(loss, Some(norm), &batch, scored_tokens, started);
+        let item = LmOutput::new(loss, Some(norm), batch.inputs.len(), scored_tokens, started);
         TrainOutput { grads, item }
     }
 }
@@ -95,7 +95,7 @@ impl<B: Backend> InferenceStep for EmberLm<B> {
         let started = Instant::now();
         let scored_tokens = batch.scored_tokens();
         let nll = batch_nll(&self.model, &batch, &self.device());
-        LmOutput::new(nll / scored_tokens.max(1) as f64, None, &batch, scored_tokens, started)
+        LmOutput::new(nll / scored_tokens.max(1) as f64, None, batch.inputs.len(), scored_tokens, started)
     }
 }
 
@@ -134,11 +134,11 @@ impl<B: Backend> LmOutput<B> {
     fn new(
         loss: Tensor<B, 1>,
         grad_norm: Option<Tensor<B, 1>>,
-        batch: &Batch,
+        tokens: usize,
         scored_tokens: usize,
         started: Instant,
     ) -> Self {
-        Self { loss, grad_norm, tokens: batch.batch_size * batch.seq_len, scored_tokens, started }
+        Self { loss, grad_norm, tokens, scored_tokens, started }
     }
 }
 
@@ -351,7 +351,7 @@ pub type EmberComponents<B, LR, O> = LearningComponentsMarker<B, LR, EmberLm<B>,
 /// learning rate; after each epoch, the validation loader is evaluated, then burn-train's
 /// checkpointer and early stopping run, as in burn-train's single-device strategy.
 ///
-/// A step with no scored target, or an epoch whose train loader yields no batch, stops
+/// A step with no scored target, or a train loader with no batch, stops
 /// training through the interrupter (`Interrupter::get_message` says why; it is also logged
 /// at error level) before anything is checkpointed.
 #[derive(Clone, Debug)]
@@ -395,12 +395,12 @@ where
         let mut early_stopping = components.early_stopping;
         let interrupter = components.interrupter;
         let accumulation = components.grad_accumulation.unwrap_or(1).max(1);
+        if train.num_items() == 0 {
+            stop(&interrupter, "the train loader has no batch".into());
+        }
         for epoch in starting_epoch..=components.num_epochs {
             let global = Progress { items_processed: epoch, items_total: components.num_epochs };
             self.train_epoch(&mut learner, &train, accumulation, &global, &mut processor, &interrupter);
-            if train.num_items() == 0 {
-                stop(&interrupter, format!("the train loader yielded no batch in epoch {epoch}"));
-            }
             processor.process_train(LearnerEvent::EndEpoch(epoch));
             if interrupter.should_stop() {
                 break;
@@ -438,8 +438,10 @@ impl<B: AutodiffBackend> EmberStrategy<B> {
         for step in 1.. {
             let started = Instant::now();
             let micro_batches: Vec<Batch> = batches.by_ref().take(accumulation).collect();
-            let Some(first) = micro_batches.first() else { break };
-            let (tokens, rows) = (first.seq_len, micro_batches.iter().map(|b| b.batch_size).sum::<usize>());
+            if micro_batches.is_empty() {
+                break;
+            }
+            let tokens = micro_batches.iter().map(|b| b.inputs.len()).sum();
             learner.lr_step();
             let lr = learner.lr_current();
             let model = learner.model();
@@ -453,8 +455,7 @@ impl<B: AutodiffBackend> EmberStrategy<B> {
                 };
             let grad_norm = clip_grad_norm(&model, &mut grads, self.grad_clip);
             learner.optimizer_step(grads);
-            let item =
-                LmOutput { loss, grad_norm: Some(grad_norm), tokens: tokens * rows, scored_tokens, started };
+            let item = LmOutput::new(loss, Some(grad_norm), tokens, scored_tokens, started);
             let item =
                 TrainingItem::new(item, batches.progress(), global.clone(), Some(step as usize), Some(lr));
             processor.process_train(LearnerEvent::ProcessedItem(item));
@@ -543,7 +544,7 @@ mod tests {
         let output = LmOutput::<B>::new(
             Tensor::from_floats([2.5], &device),
             Some(Tensor::from_floats([0.75], &device)),
-            &batch,
+            batch.inputs.len(),
             batch.scored_tokens(),
             Instant::now(),
         );

@@ -100,19 +100,6 @@ impl<M: AutodiffModule<B>, B: AutodiffBackend> AdamWGroups<M, B> {
         let module = self.decay.step(lr, module, grads);
         self.no_decay.step(lr, module, no_decay)
     }
-
-    /// Both groups' state, `(decay, no_decay)`, for checkpoints.
-    pub fn to_records(&self) -> (AdamWRecord<M, B>, AdamWRecord<M, B>) {
-        (self.decay.to_record(), self.no_decay.to_record())
-    }
-
-    /// Restores the state saved by [`AdamWGroups::to_records`] (load the model first: the
-    /// records are keyed by the parameters' ids).
-    pub fn load_records(mut self, decay: AdamWRecord<M, B>, no_decay: AdamWRecord<M, B>) -> Self {
-        self.decay = self.decay.load_record(decay);
-        self.no_decay = self.no_decay.load_record(no_decay);
-        self
-    }
 }
 
 impl<M: AutodiffModule<B>, B: AutodiffBackend> Optimizer<M, B> for AdamWGroups<M, B> {
@@ -130,12 +117,17 @@ impl<M: AutodiffModule<B>, B: AutodiffBackend> Optimizer<M, B> for AdamWGroups<M
         AdamWGroups::step(self, lr, module, merged)
     }
 
+    /// Both groups' state, `(decay, no_decay)`, for checkpoints.
     fn to_record(&self) -> Self::Record {
-        self.to_records()
+        (self.decay.to_record(), self.no_decay.to_record())
     }
 
-    fn load_record(self, (decay, no_decay): Self::Record) -> Self {
-        self.load_records(decay, no_decay)
+    /// Restores the state saved by `to_record` (load the model first: the records are keyed
+    /// by the parameters' ids).
+    fn load_record(mut self, (decay, no_decay): Self::Record) -> Self {
+        self.decay = self.decay.load_record(decay);
+        self.no_decay = self.no_decay.load_record(no_decay);
+        self
     }
 }
 

@@ -28,22 +28,21 @@ pub fn draw(frame: &mut Frame<'_>, d: &Dashboard) {
         .split(frame.area());
     header(frame, rows[0], d);
     progress(frame, rows[1], d);
-    let middle = Layout::default()
-        .direction(Direction::Horizontal)
-        .constraints([Constraint::Min(40), Constraint::Length(38)])
-        .split(rows[2]);
-    chart(frame, middle[0], d);
-    numbers(frame, middle[1], d);
-    let lower = Layout::default()
-        .direction(Direction::Horizontal)
-        .constraints([Constraint::Min(40), Constraint::Length(38)])
-        .split(rows[3]);
-    time_split(frame, lower[0], d);
-    memory_and_ranks(frame, lower[1], memory);
+    let [chart_area, numbers_area] = columns(rows[2]);
+    chart(frame, chart_area, d);
+    numbers(frame, numbers_area, d);
+    let [time_area, memory_area] = columns(rows[3]);
+    time_split(frame, time_area, d);
+    memory_and_ranks(frame, memory_area, memory);
     logs(frame, rows[4], d);
     if d.help {
         help(frame, frame.area(), d.controls_training);
     }
+}
+
+/// A wide left column and the 38-column panel on the right.
+fn columns(area: Rect) -> [Rect; 2] {
+    Layout::horizontal([Constraint::Min(40), Constraint::Length(38)]).areas(area)
 }
 
 fn block(title: &str) -> Block<'_> {
