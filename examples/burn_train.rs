@@ -25,8 +25,8 @@ use ember_data::{DataView, Split};
 use ember_model::{LanguageModel, ModelConfig};
 use ember_train::config::OptimizerConfig;
 use ember_train::learner::{EmberLm, EmberStrategy, GradNormMetric, TokensPerSecondMetric, WindowBatcher};
-use ember_train::optim::AdamWGroups;
-use ember_train::schedule::{LrSchedule, WarmupCosine};
+use ember_train::step::optim::AdamWGroups;
+use ember_train::step::schedule::{LrSchedule, WarmupCosine};
 
 mod sample_text;
 use sample_text::{corpus_from_args, prepare_chars};
@@ -142,7 +142,7 @@ mod tests {
     use burn::module::AutodiffModule;
     use ember_data::Batch;
     use ember_train::step::{batch_nll, train_step, StepSettings};
-    use ember_train::sync::{scalar, Solo};
+    use ember_train::step::{scalar, Solo};
 
     /// Burn's metric log `artifacts/train/epoch-N/NAME.log`: the first field of each line.
     fn logged(artifacts: &Path, epoch: usize, name: &str) -> Vec<f64> {

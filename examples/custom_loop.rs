@@ -17,10 +17,10 @@ use burn_dataset::Dataset;
 use ember_data::{Batch, DataView, EpochSampler, SamplerState, Split};
 use ember_model::{LanguageModel, ModelConfig};
 use ember_train::config::OptimizerConfig;
-use ember_train::optim::AdamWGroups;
-use ember_train::schedule::LrSchedule;
+use ember_train::step::optim::AdamWGroups;
+use ember_train::step::schedule::LrSchedule;
 use ember_train::step::{train_step, StepSettings};
-use ember_train::sync::{scalar, Solo};
+use ember_train::step::{scalar, Solo};
 
 mod sample_text;
 use sample_text::{corpus_from_args, prepare_chars};

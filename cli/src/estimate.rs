@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use ember_train::accounting::{estimate_run, known_peak_flops, Estimate, Precision};
+use ember_train::observe::accounting::{estimate_run, known_peak_flops, Estimate, Precision};
 use ember_train::RunConfig;
 
 /// Arguments of `ember estimate`.
@@ -50,13 +50,7 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
     }
     let mut config = RunConfig::load(&args.config, &args.set)?;
     crate::bench::warn_missing_data(&config);
-    let _ = config.resolve_vocab(config.data_vocab()?);
-    if config.model.vocab_size() == 0 {
-        anyhow::bail!(
-            "{}: key `model.vocab_size`: unknown: set it (--set model.vocab_size=N) or point `data` at a prepared directory",
-            args.config.display()
-        );
-    }
+    config.resolve_vocab(config.data_vocab()?)?;
     let peak =
         args.peak_flops.or(config.peak_flops).or_else(|| args.gpu.as_deref().and_then(known_peak_flops));
     if let (Some(gpu), None) = (&args.gpu, peak) {

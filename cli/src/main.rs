@@ -24,9 +24,9 @@ use std::process::ExitCode;
 
 use burn::backend::{Autodiff, Flex};
 use clap::{Parser, Subcommand};
-use ember_train::commands::ExportFormat;
-use ember_train::sample::SampleOptions;
-use ember_train::trained::Source;
+use ember_train::tools::export::ExportFormat;
+use ember_train::tools::sample::SampleOptions;
+use ember_train::tools::trained::Source;
 use ember_train::BackendKind;
 
 #[derive(Parser)]
@@ -159,7 +159,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tokenizer(args) => tokenizer::run(args),
         Command::Train(args) => train::run(args),
         Command::Eval { source, batches, backend } => {
-            let report = ember_train::commands::eval_run(source.source(), batches, backend)?;
+            let report = ember_train::tools::commands::eval_run(source.source(), batches, backend)?;
             out!(
                 "step {}: train loss {:.4} (ppl {:.2}), val loss {:.4} (ppl {:.2}) over {} batches each",
                 report.step,
@@ -180,11 +180,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 seed,
                 use_cache: !no_cache,
             };
-            out!("{}", ember_train::commands::sample_run(source.source(), &options, backend)?);
+            out!("{}", ember_train::tools::commands::sample_run(source.source(), &options, backend)?);
             Ok(())
         }
         Command::Export { run, format, out } => {
-            for path in ember_train::commands::export_run(&run, format, &out)? {
+            for path in ember_train::tools::export::export_run(&run, format, &out)? {
                 out!("wrote {}", path.display());
             }
             Ok(())
@@ -204,13 +204,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     }
                 });
             }
-            let port_text = bind.rsplit(':').next().unwrap_or(&bind);
-            let port: u16 = port_text
-                .parse()
-                .map_err(|_| anyhow::anyhow!("--bind {bind:?}: expected [HOST:]PORT with a port number"))?;
-            if port == u16::MAX {
-                anyhow::bail!("--bind {bind:?}: the orchestrators need PORT and PORT + 1");
-            }
+            // burn-collective listens on all interfaces whatever the host: only the port counts.
+            let address = if bind.contains(':') { bind.clone() } else { format!("0.0.0.0:{bind}") };
+            let port = address
+                .parse::<ember_train::config::HostPort>()
+                .map_err(|e| anyhow::anyhow!("--bind {bind:?}: {e}"))?
+                .port;
             out!(
                 "coordinator: burn-collective orchestrators on 0.0.0.0:{port} and 0.0.0.0:{} (all interfaces, no authentication: private networks only); Ctrl-C stops",
                 port + 1
@@ -220,7 +219,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Verify { fixture, json } => {
-            let report = ember_train::verify::verify::<Autodiff<Flex>>(&fixture, &Default::default())?;
+            let report = ember_train::tools::verify::verify::<Autodiff<Flex>>(&fixture, &Default::default())?;
             if json {
                 out!("{}", serde_json::to_string_pretty(&report)?);
             } else {

@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
-use ember_train::metrics::{read_records, Record, TrainRecord};
-use ember_train::run::files;
+use ember_train::observe::metrics::{read_records, Record, TrainRecord};
+use ember_train::persist::files;
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 

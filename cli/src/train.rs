@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use ember_train::controls::Controls;
-use ember_train::run::files;
+use ember_train::Controls;
+use ember_train::persist::files;
 use ember_train::{RunConfig, RunOptions};
 
 /// Arguments of `ember train`.
@@ -101,18 +101,20 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             config.parallel.nodes
         );
     }
-    let _coordinator = coordinator_process(&mut config)?;
+    let coordinator = coordinator_process(&config)?;
     let several_nodes = config.parallel.nodes > 1;
     let use_tui = !several_nodes && (args.tui || (!args.no_tui && std::io::stdout().is_terminal()));
     if several_nodes && args.tui {
         out!("no dashboard with several nodes: burn-collective prints to stdout at every step; use `ember watch` on node 0's run directory");
     }
     let leads = config.parallel.node_rank == 0;
-    let options = RunOptions { config, run_dir: run_dir.clone(), resume, controls };
+    let mut options = RunOptions::new(config, run_dir.clone()).with_controls(controls);
+    options.resume = resume;
+    options.coordinator_elsewhere = coordinator.is_some();
     let summary = if use_tui {
         with_dashboard(options)?
     } else {
-        ember_train::commands::train_run(options, &mut |line| out!("{line}"))?
+        ember_train::tools::commands::train_run(options, &mut |line| out!("{line}"))?
     };
     let val = summary
         .final_val_loss
@@ -138,12 +140,12 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
 /// coordinator`) in its own process group: burn-collective 0.21's orchestrator shuts down on
 /// Ctrl-C, which must only stop the training (with a checkpoint), not the coordination of its
 /// last steps. The child is killed when the returned guard drops.
-fn coordinator_process(config: &mut RunConfig) -> anyhow::Result<Option<ChildGuard>> {
+fn coordinator_process(config: &RunConfig) -> anyhow::Result<Option<ChildGuard>> {
     let p = &config.parallel;
     if p.nodes <= 1 || p.node_rank != 0 || !p.start_coordinator {
         return Ok(None);
     }
-    let port = ember_train::parallel::coordinator_port(config);
+    let port = p.coordinator.port;
     ember_train::parallel::check_ports_free(port)?;
     let exe = std::env::current_exe().context("cannot find the ember binary to start the coordinator")?;
     let mut command = std::process::Command::new(exe);
@@ -153,7 +155,6 @@ fn coordinator_process(config: &mut RunConfig) -> anyhow::Result<Option<ChildGua
     #[cfg(unix)]
     std::os::unix::process::CommandExt::process_group(&mut command, 0);
     let child = command.spawn().context("cannot start `ember coordinator`")?;
-    config.parallel.coordinator_elsewhere = true;
     Ok(Some(ChildGuard(child)))
 }
 
@@ -176,7 +177,7 @@ fn with_dashboard(options: RunOptions) -> anyhow::Result<ember_train::RunSummary
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     let (log_tx, log_rx) = std::sync::mpsc::channel::<String>();
     let training = std::thread::spawn(move || {
-        ember_train::commands::train_run(options, &mut |line| {
+        ember_train::tools::commands::train_run(options, &mut |line| {
             let _ = tx.send(line.to_string());
             let _ = log_tx.send(line.to_string());
         })

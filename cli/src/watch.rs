@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use clap::Args;
-use ember_train::run::files;
+use ember_train::persist::files;
 
 use crate::dashboard::{self, Attached, MetricsTail};
 
@@ -28,8 +28,8 @@ pub fn run(args: WatchArgs) -> anyhow::Result<()> {
         }
         for record in MetricsTail::new(&args.run_dir).poll() {
             match record {
-                ember_train::metrics::Record::Train(r) => out!("{r}"),
-                ember_train::metrics::Record::Eval(e) => out!("{e}"),
+                ember_train::observe::metrics::Record::Train(r) => out!("{r}"),
+                ember_train::observe::metrics::Record::Eval(e) => out!("{e}"),
             }
         }
         return Ok(());

@@ -53,8 +53,13 @@ pub(crate) fn stage<'a>(
     Ok(Staged { file, dest })
 }
 
-/// Writes `bytes` to `dest` whole or not at all (temp file + rename).
-pub(crate) fn write_atomic(dest: &Path, bytes: &[u8]) -> Result<(), DataError> {
+/// Writes `bytes` to `dest` whole or not at all: a temp file in `dest`'s directory (which must
+/// exist), fsync'd, then renamed over `dest` — so a crash leaves the old file or the new one,
+/// never half of one. Ember's one atomic-write helper (prepared data, run directories,
+/// checkpoints, exports).
+///
+/// Errors: the temp file cannot be created, written, synced or renamed (naming the path).
+pub fn write_atomic(dest: &Path, bytes: &[u8]) -> Result<(), DataError> {
     stage(dest, |w| w.write_all(bytes))?.commit()
 }
 

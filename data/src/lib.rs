@@ -61,6 +61,7 @@ pub mod stream;
 pub mod tokenizer;
 pub mod view;
 
+pub use atomic::write_atomic;
 pub use batch::{shift_window, Batch, Row, IGNORE_INDEX};
 pub use bpe::{train_bpe, BpeTrainOptions, BpeTrainSummary};
 pub use download::{download_tinyshakespeare, TINYSHAKESPEARE_SHA256, TINYSHAKESPEARE_URL};

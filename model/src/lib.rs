@@ -7,7 +7,7 @@
 //! ```
 //! use burn::backend::Flex;
 //! use burn::tensor::{Int, Tensor};
-//! use ember_model::GptConfig;
+//! use ember_model::{Decoder, GptConfig};
 //!
 //! let device = Default::default();
 //! let model = GptConfig::preset("tiny").unwrap().init::<Flex>(&device).unwrap();
@@ -20,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod attention;
+pub mod decoder;
 pub mod error;
 pub mod generate;
 pub mod gpt;
@@ -30,6 +31,7 @@ pub mod lm;
 pub mod packing;
 
 pub use attention::{attention_reference, causal_attention, KvCache};
+pub use decoder::Decoder;
 pub use error::ConfigError;
 pub use generate::{argmax, generate};
 pub use gpt::config::{GeluKind, GptConfig, PRESETS};

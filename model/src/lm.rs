@@ -6,6 +6,7 @@ use burn::tensor::{Int, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::attention::KvCache;
+use crate::decoder::Decoder;
 use crate::error::ConfigError;
 use crate::gpt::config::GptConfig;
 use crate::gpt::model::Gpt;
@@ -111,48 +112,42 @@ pub enum LanguageModel<B: Backend> {
 }
 
 impl<B: Backend> LanguageModel<B> {
+    /// The architecture's model, as the shared decoder skeleton.
+    pub fn decoder(&self) -> &dyn Decoder<B> {
+        match self {
+            LanguageModel::Gpt2(m) => m,
+            LanguageModel::Llama(m) => m,
+        }
+    }
+
     /// Logits for every position: `tokens` `[batch, seq_len]` → `[batch, seq_len, vocab]`
-    /// (position `t` scores token `t + 1`).
+    /// (position `t` scores token `t + 1`); see [`Decoder::forward`].
     ///
     /// # Panics
     /// If `seq_len > block_size`.
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        match self {
-            LanguageModel::Gpt2(m) => m.forward(tokens),
-            LanguageModel::Llama(m) => m.forward(tokens),
-        }
+        self.decoder().forward(tokens)
     }
 
-    /// Logits of rows packing several documents (see [`crate::Packing`]).
+    /// Logits of rows packing several documents (see [`crate::Packing`],
+    /// [`Decoder::forward_packed`]).
     pub fn forward_packed(&self, tokens: Tensor<B, 2, Int>, packing: &crate::Packing<B>) -> Tensor<B, 3> {
-        match self {
-            LanguageModel::Gpt2(m) => m.forward_packed(tokens, packing),
-            LanguageModel::Llama(m) => m.forward_packed(tokens, packing),
-        }
+        self.decoder().forward_packed(tokens, packing)
     }
 
-    /// Incremental decoding (see [`Gpt::forward_cached`]).
+    /// Incremental decoding (see [`Decoder::forward_cached`]).
     pub fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
-        match self {
-            LanguageModel::Gpt2(m) => m.forward_cached(tokens, cache),
-            LanguageModel::Llama(m) => m.forward_cached(tokens, cache),
-        }
+        self.decoder().forward_cached(tokens, cache)
     }
 
     /// An empty KV cache.
     pub fn new_cache(&self) -> KvCache<B> {
-        match self {
-            LanguageModel::Gpt2(m) => m.new_cache(),
-            LanguageModel::Llama(m) => m.new_cache(),
-        }
+        self.decoder().new_cache()
     }
 
     /// Context length.
     pub fn block_size(&self) -> usize {
-        match self {
-            LanguageModel::Gpt2(m) => m.block_size(),
-            LanguageModel::Llama(m) => m.block_size(),
-        }
+        self.decoder().block_size()
     }
 
     /// Number of trainable parameters (a tied head counted once).

@@ -6,7 +6,7 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{backend::Backend as _, Distribution, Int, Tensor, TensorData, Tolerance};
 
-use crate::{attention_reference, GeluKind, GptConfig};
+use crate::{attention_reference, Decoder, GeluKind, GptConfig};
 
 type B = Flex;
 
@@ -165,7 +165,7 @@ fn gelu_tanh_matches_burns_gelu_approximate() {
 
 mod cache_and_llama {
     use super::{seeded, tokens, B};
-    use crate::{argmax, generate, GptConfig, LanguageModel, LlamaConfig, ModelConfig};
+    use crate::{argmax, generate, Decoder, GptConfig, LanguageModel, LlamaConfig, ModelConfig};
     use burn::module::Module;
     use burn::tensor::{Tensor, Tolerance};
 

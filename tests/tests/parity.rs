@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::backend::{Autodiff, Flex};
-use ember_train::verify::verify;
+use ember_train::tools::verify::verify;
 
 fn check(dir: &Path) {
     let report = verify::<Autodiff<Flex>>(dir, &Default::default()).unwrap();

@@ -3,7 +3,6 @@
 //! PyTorch reference's does. Needs the shared corpus (`EMBER_SHARED`); skips without it.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use burn::backend::{Autodiff, Flex};
 use ember_data::{prepare, PrepareOptions, TokenizerKind};
@@ -42,8 +41,7 @@ fn char_model_on_tiny_shakespeare_learns_like_the_reference() {
     let mut config = RunConfig::load(&config_path, &overrides).unwrap();
     config.data = Some(data);
     config.optimizer.lr_decay_steps = Some(2000); // the schedule of the full 2000-step run
-    let options =
-        RunOptions { config, run_dir: dir.path().join("run"), resume: false, controls: Arc::default() };
+    let options = RunOptions::new(config, dir.path().join("run"));
     let mut lines = Vec::new();
     let summary =
         train::<Autodiff<Flex>>(options, Default::default(), &mut |l| lines.push(l.to_string())).unwrap();

@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 use burn::backend::{Autodiff, Flex};
-use burn::module::{AutodiffModule, ModuleVisitor, Param};
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::Tensor;
 use ember_data::{prepare, Batch, PrepareOptions, TokenizerKind, IGNORE_INDEX};
 use ember_train::RunConfig;
@@ -84,4 +84,17 @@ pub fn tiny_config(data: &Path, overrides: &[&str]) -> RunConfig {
     );
     let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
     RunConfig::from_toml_str(&text, Path::new("tiny.toml"), &overrides).unwrap()
+}
+
+/// Every parameter of `model`, flattened in module order.
+pub fn flat_params<Bk: Backend>(model: &ember_model::LanguageModel<Bk>) -> Vec<f32> {
+    struct Collect(Vec<f32>);
+    impl<Bk: Backend> ModuleVisitor<Bk> for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Bk, D>>) {
+            self.0.extend(param.val().into_data().to_vec::<f32>().unwrap());
+        }
+    }
+    let mut collect = Collect(Vec::new());
+    model.visit(&mut collect);
+    collect.0
 }

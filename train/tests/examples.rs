@@ -36,7 +36,7 @@ fn shakespeare_char_gpu_is_nanogpts_gpu_config() {
 #[test]
 fn gpt2_124m_has_a_half_million_token_batch() {
     let mut c = example("gpt2_124m.toml");
-    c.resolve_vocab(50257).unwrap();
+    c.resolve_vocab(Some(50257)).unwrap();
     assert_eq!(c.model.vocab_size(), 50304);
     assert_eq!(c.tokens_per_step(1), 491_520);
     assert_eq!(c.model.num_params(), 124_373_760, "124M without biases, padded vocabulary");

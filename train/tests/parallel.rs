@@ -5,23 +5,24 @@
 mod common;
 
 use std::path::Path;
-use std::sync::Arc;
 
-use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
-use burn::tensor::Tensor;
 use common::*;
 use ember_model::LanguageModel;
-use ember_train::metrics::{read_records, Record, TrainRecord};
-use ember_train::parallel::{join, Group};
+use ember_train::observe::metrics::{read_records, Record, TrainRecord};
+use ember_train::parallel::{join, Faults, Group};
 use ember_train::step::{forward_backward, global_gradients, StepSettings};
-use ember_train::sync::scalar;
-use ember_train::trained::{Source, Trained};
+use ember_train::step::scalar;
+use ember_train::tools::trained::{Source, Trained};
 use ember_train::{train, RunConfig, RunOptions, TrainError};
 
 /// Trains `config` in `run_dir` with `train` (one replica per `devices` of the config).
 fn run(config: RunConfig, run_dir: &Path) -> Result<(), TrainError> {
-    let options = RunOptions { config, run_dir: run_dir.into(), resume: false, controls: Arc::default() };
+    run_with(RunOptions::new(config, run_dir))
+}
+
+/// Trains as `options` say (one replica per `devices` of the config).
+fn run_with(options: RunOptions) -> Result<(), TrainError> {
     train::<B>(options, Vec::new(), &mut |_| {}).map(|_| ())
 }
 
@@ -42,18 +43,6 @@ fn final_params(run_dir: &Path) -> Vec<f32> {
     let trained = Trained::open(Source::Run(run_dir.into())).unwrap();
     let model: LanguageModel<burn::backend::Flex> = trained.load_model(&Default::default()).unwrap();
     flat_params(&model)
-}
-
-fn flat_params<Bk: Backend>(model: &LanguageModel<Bk>) -> Vec<f32> {
-    struct Collect(Vec<f32>);
-    impl<Bk: Backend> ModuleVisitor<Bk> for Collect {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Bk, D>>) {
-            self.0.extend(param.val().into_data().to_vec::<f32>().unwrap());
-        }
-    }
-    let mut collect = Collect(Vec::new());
-    model.visit(&mut collect);
-    collect.0
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -96,8 +85,8 @@ fn two_ranks_equal_one_rank_with_twice_the_micro_batch() {
     let _g = serial();
     let (p, params) = assert_same_run(&["devices=2", "micro_batch_size=4"], &["micro_batch_size=8"]);
     assert_eq!(p[0].allreduce, "tree");
-    // [flattened gradients | 21 slots of sums] in f32.
-    assert_eq!(p[0].allreduce_bytes, 4 * (params + 21) as u64);
+    // [flattened gradients | 22 slots of sums (Σ NLL, 2 token limbs, stop, failed, 17 of hash)] in f32.
+    assert_eq!(p[0].allreduce_bytes, 4 * (params + 22) as u64);
 }
 
 #[test]
@@ -118,7 +107,7 @@ fn uneven_scored_tokens_give_the_global_token_mean() {
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
     let mut config = tiny_config(&prepared_corpus(dir.path()), &["devices=2", "model.dropout=0.0"]);
-    config.resolve_vocab(40).unwrap();
+    config.resolve_vocab(Some(40)).unwrap();
     let device = Default::default();
     <B as Backend>::seed(&device, 5);
     let model: LanguageModel<B> = config.model.init(&device).unwrap();
@@ -182,9 +171,9 @@ fn replica_hashes_agree_every_step_and_a_broken_rank_is_caught() {
 
     // Rank 1 uses its own gradient at step 7 (as if it skipped that all-reduce): the default
     // check, at logged steps (every 5), stops the run before step 10.
-    std::env::set_var("EMBER_TEST_SKIP_ALL_REDUCE", "1:7");
-    let broken = run(with(&["log_every=5"]), &dir.path().join("broken"));
-    std::env::remove_var("EMBER_TEST_SKIP_ALL_REDUCE");
+    let mut options = RunOptions::new(with(&["log_every=5"]), dir.path().join("broken"));
+    options.faults = Faults { skip_all_reduce: Some((1, 7)), ..Faults::default() };
+    let broken = run_with(options);
     let err = broken.unwrap_err().to_string();
     assert!(err.contains("differed before step 10"), "{err}");
     let logged: Vec<u64> = records(&dir.path().join("broken")).iter().map(|r| r.step).collect();
@@ -196,13 +185,11 @@ fn a_failing_rank_stops_the_others_with_an_error_naming_it() {
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
     let data = prepared_corpus(dir.path());
-    // Rank 1 fails at step 3 (test-only switch); rank 0 must stop too, naming it, not hang.
-    std::env::set_var("EMBER_TEST_FAIL_RANK", "1:3");
-    let result = run(
-        tiny_config(&data, &["devices=2", "max_steps=6", "eval_every=0", "parallel.timeout_s=20"]),
-        &dir.path().join("run"),
-    );
-    std::env::remove_var("EMBER_TEST_FAIL_RANK");
+    // Rank 1 fails at step 3 (an injected fault); rank 0 must stop too, naming it, not hang.
+    let config = tiny_config(&data, &["devices=2", "max_steps=6", "eval_every=0", "parallel.timeout_s=20"]);
+    let mut options = RunOptions::new(config, dir.path().join("run"));
+    options.faults = Faults { fail: Some((1, 3)), ..Faults::default() };
+    let result = run_with(options);
     let err = result.unwrap_err().to_string();
     assert!(err.contains("rank 1"), "{err}");
 }
@@ -215,8 +202,7 @@ fn any_rank_count_resumes_a_checkpoint() {
     let run_dir = dir.path().join("run");
     run(tiny_config(&data, &["devices=2", "max_steps=3", "eval_every=0"]), &run_dir).unwrap();
     let more = tiny_config(&data, &["max_steps=5", "eval_every=0"]);
-    let options =
-        RunOptions { config: more, run_dir: run_dir.clone(), resume: true, controls: Arc::default() };
+    let options = RunOptions::new(more, &run_dir).resuming();
     let mut lines = Vec::new();
     let summary = train::<B>(options, Vec::new(), &mut |l| lines.push(l.to_string())).unwrap();
     assert_eq!(summary.steps, 5);

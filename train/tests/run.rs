@@ -6,12 +6,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::*;
-use ember_train::controls::Controls;
-use ember_train::metrics::{read_records, Record};
+use ember_train::Controls;
+use ember_train::observe::metrics::{read_records, Record};
 use ember_train::{train, RunConfig, RunOptions, RunSummary};
 
 fn run(config: RunConfig, run_dir: &Path, resume: bool, controls: Arc<Controls>) -> RunSummary {
-    let options = RunOptions { config, run_dir: run_dir.into(), resume, controls };
+    let mut options = RunOptions::new(config, run_dir).with_controls(controls);
+    options.resume = resume;
     train::<B>(options, Default::default(), &mut |_| {}).unwrap()
 }
 
@@ -109,12 +110,7 @@ fn a_new_run_refuses_a_directory_that_holds_one() {
     let data = prepared_corpus(dir.path());
     let run_dir = dir.path().join("run");
     fresh(tiny_config(&data, &["max_steps=1"]), &run_dir);
-    let options = RunOptions {
-        config: tiny_config(&data, &[]),
-        run_dir: run_dir.clone(),
-        resume: false,
-        controls: Arc::default(),
-    };
+    let options = RunOptions::new(tiny_config(&data, &[]), &run_dir);
     let err = train::<B>(options, Default::default(), &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("already holds a run") && err.contains("--resume"), "{err}");
 }
@@ -127,7 +123,7 @@ fn resuming_with_another_model_is_an_error() {
     let run_dir = dir.path().join("run");
     fresh(tiny_config(&data, &["max_steps=1"]), &run_dir);
     let config = RunConfig::load(&run_dir.join("config.toml"), &["model.n_layer=3".into()]).unwrap();
-    let options = RunOptions { config, run_dir, resume: true, controls: Arc::default() };
+    let options = RunOptions::new(config, run_dir).resuming();
     let err = train::<B>(options, Default::default(), &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("model cannot change"), "{err}");
 }
@@ -144,12 +140,7 @@ fn a_run_that_stopped_before_its_first_checkpoint_can_be_started_again() {
         "{\"kind\":\"eval\",\"step\":0,\"val_loss\":9.0,\"val_perplexity\":1.0,\"elapsed_s\":0.0}\n",
     )
     .unwrap();
-    let options = RunOptions {
-        config: tiny_config(&data, &["max_steps=1"]),
-        run_dir: run_dir.clone(),
-        resume: true,
-        controls: Arc::default(),
-    };
+    let options = RunOptions::new(tiny_config(&data, &["max_steps=1"]), &run_dir).resuming();
     let err = train::<B>(options, Default::default(), &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("stopped before its first checkpoint"), "{err}");
     fresh(tiny_config(&data, &["max_steps=1"]), &run_dir);
@@ -165,7 +156,7 @@ fn resuming_without_more_steps_is_an_error() {
     let run_dir = dir.path().join("run");
     fresh(tiny_config(&data, &["max_steps=2"]), &run_dir);
     let config = RunConfig::load(&run_dir.join("config.toml"), &[]).unwrap();
-    let options = RunOptions { config, run_dir, resume: true, controls: Arc::default() };
+    let options = RunOptions::new(config, run_dir).resuming();
     let err = train::<B>(options, Default::default(), &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("key `max_steps`: 2 is not beyond the checkpoint's step 2"), "{err}");
 }

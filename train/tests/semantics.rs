@@ -10,7 +10,7 @@ use burn::tensor::backend::Backend as _;
 use burn::tensor::{ElementConversion, Tensor, TensorData};
 use common::*;
 use ember_model::GptConfig;
-use ember_train::optim::{clip_grad_norm, AdamWGroups};
+use ember_train::step::optim::{clip_grad_norm, AdamWGroups};
 use ember_train::step::forward_backward;
 use ember_train::OptimizerConfig;
 

@@ -13,9 +13,9 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ember_train::controls::Controls;
-use ember_train::metrics::Record;
-use ember_train::run::files;
+use ember_train::Controls;
+use ember_train::observe::metrics::Record;
+use ember_train::persist::files;
 use ember_train::RunConfig;
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use ratatui::DefaultTerminal;
@@ -81,11 +81,11 @@ pub fn for_run(run_dir: &Path, config: Option<&RunConfig>) -> Dashboard {
     let world = c.world_size();
     let mut c = c.clone();
     // The prepared data's vocabulary when it can be read; the dashboard shows what it can.
-    if let Ok(vocab @ 1..) = c.data_vocab() {
+    if let Ok(vocab) = c.data_vocab() {
         let _ = c.resolve_vocab(vocab);
     }
     let estimate = (c.model.vocab_size() > 0).then(|| {
-        ember_train::accounting::estimate_run(&c, ember_train::accounting::Precision::Fp32, c.peak_flops, 0.4)
+        ember_train::observe::accounting::estimate_run(&c, ember_train::observe::accounting::Precision::Fp32, c.peak_flops, 0.4)
     });
     let params = estimate.as_ref().map_or(String::new(), |e| format!(" · {} params", e.params));
     let summary = format!(
@@ -192,7 +192,7 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::state::{Action, Dashboard, View, MAX_POINTS};
-    use ember_train::metrics::{EvalRecord, Record, TrainRecord};
+    use ember_train::observe::metrics::{EvalRecord, Record, TrainRecord};
     use ratatui::backend::TestBackend;
     use ratatui::Terminal;
 

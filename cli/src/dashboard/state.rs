@@ -2,8 +2,8 @@
 
 use std::collections::VecDeque;
 
-use ember_train::accounting::Estimate;
-use ember_train::metrics::{EvalRecord, Record, TrainRecord};
+use ember_train::observe::accounting::Estimate;
+use ember_train::observe::metrics::{EvalRecord, Record, TrainRecord};
 
 /// Points kept per curve; when full, every other point is dropped (the curve keeps its shape
 /// at half the resolution), so memory and drawing time stay bounded for any run length.

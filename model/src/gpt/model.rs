@@ -7,7 +7,8 @@ use burn::tensor::{Int, Tensor};
 
 use super::block::{layer_norm, Block};
 use super::config::GptConfig;
-use crate::attention::{first_position, KvCache, LayerCache};
+use crate::attention::{first_position, KvCache};
+use crate::decoder::{through_blocks, Decoder};
 use crate::error::ConfigError;
 use crate::init;
 use crate::packing::{positions, Packing};
@@ -54,76 +55,39 @@ impl GptConfig {
     }
 }
 
-impl<B: Backend> Gpt<B> {
-    /// Logits for every position (teacher forcing).
-    ///
-    /// `tokens`: `[batch, seq_len]` ids in `[0, vocab_size)`, `seq_len ≤ block_size`.
-    /// Returns `[batch, seq_len, vocab_size]` unnormalized logits; position `t` scores token
-    /// `t + 1`.
-    ///
-    /// # Panics
-    /// If `seq_len > block_size` (callers crop; the CLI validates before calling).
-    pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        self.lm_head(self.hidden(tokens, None, None))
-    }
-
-    /// Logits `[batch, seq_len, vocab]` of rows that pack several documents: each token
-    /// attends only to its own document, at positions counted from the document's start
-    /// (see [`Packing`]). A document's logits equal those it gets alone.
-    pub fn forward_packed(&self, tokens: Tensor<B, 2, Int>, packing: &Packing<B>) -> Tensor<B, 3> {
-        self.lm_head(self.hidden(tokens, None, Some(packing)))
-    }
-
-    /// Incremental decoding: logits `[batch, new, vocab_size]` of the `new` tokens `tokens`
-    /// (`[batch, new]`) that follow the cached positions; appends their keys and values to
-    /// `cache`. Equal to the last `new` positions of [`Gpt::forward`] on the whole sequence.
-    ///
-    /// # Panics
-    /// If `cache.len() + new > block_size`.
-    pub fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
-        self.lm_head(self.hidden(tokens, Some(cache), None))
-    }
-
-    /// An empty cache for [`Gpt::forward_cached`].
-    pub fn new_cache(&self) -> KvCache<B> {
-        KvCache::new(self.h.len())
-    }
-
-    /// Final hidden states after `ln_f`: `[batch, seq_len]` → `[batch, seq_len, d_model]`,
-    /// positions starting after the cached ones.
+impl<B: Backend> Decoder<B> for Gpt<B> {
     fn hidden(
         &self,
         tokens: Tensor<B, 2, Int>,
-        mut cache: Option<&mut KvCache<B>>,
+        cache: Option<&mut KvCache<B>>,
         packing: Option<&Packing<B>>,
     ) -> Tensor<B, 3> {
         let [_, seq_len] = tokens.dims();
         let start = first_position(&cache, seq_len, self.block_size);
         let positions = positions(packing, start, seq_len, &tokens.device());
         let x = self.wte.forward(tokens) + self.wpe.forward(positions); // [B, T, C] + [1 or B, T, C]
-        let mut x = self.drop.forward(x);
+        let x = self.drop.forward(x);
         let mask = packing.map(|p| &p.mask);
-        for (layer, block) in self.h.iter().enumerate() {
-            let layer_cache = cache.as_deref_mut().map(|cache| LayerCache { cache, layer });
-            x = block.forward(x, layer_cache, mask);
-        }
-        if let Some(cache) = cache {
-            cache.advance(seq_len);
-        }
+        let x = through_blocks(x, self.h.len(), cache, |i, x, cache| self.h[i].forward(x, cache, mask));
         self.ln_f.forward(x)
     }
 
     /// Projects hidden states `[batch, seq_len, d_model]` to logits `[batch, seq_len, vocab]`,
     /// through `wteᵀ` when tied.
-    pub fn lm_head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+    fn lm_head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         init::lm_logits(hidden, self.lm_head.as_ref(), &self.wte.weight)
     }
 
-    /// Context length (the most positions [`Gpt::forward`] accepts).
-    pub fn block_size(&self) -> usize {
-        self.block_size
+    fn n_layer(&self) -> usize {
+        self.h.len()
     }
 
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+}
+
+impl<B: Backend> Gpt<B> {
     /// Number of trainable parameters (a tied head counted once). Equals
     /// [`GptConfig::num_params`] of the config that built it.
     pub fn num_params(&self) -> usize {

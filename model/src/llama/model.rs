@@ -8,7 +8,8 @@ use burn::tensor::{Int, Tensor};
 use super::block::{rms_norm, LlamaLayer};
 use super::config::LlamaConfig;
 use super::rope::rope_tables;
-use crate::attention::{first_position, KvCache, LayerCache};
+use crate::attention::{first_position, KvCache};
+use crate::decoder::{through_blocks, Decoder};
 use crate::error::ConfigError;
 use crate::init;
 use crate::packing::{positions, Packing};
@@ -62,66 +63,37 @@ impl LlamaConfig {
     }
 }
 
-impl<B: Backend> Llama<B> {
-    /// Logits for every position: `tokens` `[batch, seq_len]` → `[batch, seq_len, vocab]`.
-    ///
-    /// # Panics
-    /// If `seq_len > block_size`.
-    pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        self.lm_head(self.hidden(tokens, None, None))
-    }
-
-    /// Logits `[batch, seq_len, vocab]` of rows that pack several documents: each token
-    /// attends only to its own document, at positions counted from the document's start
-    /// (see [`Packing`]). A document's logits equal those it gets alone.
-    pub fn forward_packed(&self, tokens: Tensor<B, 2, Int>, packing: &Packing<B>) -> Tensor<B, 3> {
-        self.lm_head(self.hidden(tokens, None, Some(packing)))
-    }
-
-    /// Incremental decoding: logits `[batch, new, vocab]` of `tokens` (`[batch, new]`)
-    /// following the cached positions, whose keys/values are appended to `cache`.
-    ///
-    /// # Panics
-    /// If `cache.len() + new > block_size`.
-    pub fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
-        self.lm_head(self.hidden(tokens, Some(cache), None))
-    }
-
-    /// An empty cache for [`Llama::forward_cached`].
-    pub fn new_cache(&self) -> KvCache<B> {
-        KvCache::new(self.model.layers.len())
-    }
-
+impl<B: Backend> Decoder<B> for Llama<B> {
     fn hidden(
         &self,
         tokens: Tensor<B, 2, Int>,
-        mut cache: Option<&mut KvCache<B>>,
+        cache: Option<&mut KvCache<B>>,
         packing: Option<&Packing<B>>,
     ) -> Tensor<B, 3> {
         let [_, seq_len] = tokens.dims();
         let start = first_position(&cache, seq_len, self.block_size);
         let positions = positions(packing, start, seq_len, &tokens.device());
-        let mut x = self.model.embed_tokens.forward(tokens);
+        let x = self.model.embed_tokens.forward(tokens);
         let d_head = x.dims()[2] / self.n_head;
         let (cos, sin) = rope_tables(positions, d_head, self.rope_theta);
         let mask = packing.map(|p| &p.mask);
-        for (layer, block) in self.model.layers.iter().enumerate() {
-            let layer_cache = cache.as_deref_mut().map(|cache| LayerCache { cache, layer });
-            x = block.forward(x, cos.clone(), sin.clone(), layer_cache, mask);
-        }
-        if let Some(cache) = cache {
-            cache.advance(seq_len);
-        }
+        let layers = &self.model.layers;
+        let x = through_blocks(x, layers.len(), cache, |i, x, cache| {
+            layers[i].forward(x, cos.clone(), sin.clone(), cache, mask)
+        });
         self.model.norm.forward(x)
     }
 
     /// Hidden states `[batch, seq_len, d_model]` → logits `[batch, seq_len, vocab]`.
-    pub fn lm_head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+    fn lm_head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         init::lm_logits(hidden, self.lm_head.as_ref(), &self.model.embed_tokens.weight)
     }
 
-    /// Context length.
-    pub fn block_size(&self) -> usize {
+    fn n_layer(&self) -> usize {
+        self.model.layers.len()
+    }
+
+    fn block_size(&self) -> usize {
         self.block_size
     }
 }

@@ -1,9 +1,5 @@
 //! Data-parallel layout: burn-collective's configuration for the replicas of this process and,
-//! across processes, its global orchestrator.
-//!
-//! burn-collective's WebSocket servers (the orchestrator and each node's data service) listen
-//! on all interfaces (`0.0.0.0`) without authentication: multi-node runs belong on a private
-//! network. Ember connects to the addresses of `[parallel]`, which default to loopback.
+//! across processes, the addresses of its global orchestrators and data services.
 
 use std::str::FromStr;
 use std::sync::{Arc, Barrier};
@@ -13,9 +9,9 @@ use burn::collective::{AllReduceStrategy, CollectiveConfig};
 use burn::tensor::backend::AutodiffBackend;
 use burn_communication::Address;
 
+use super::collective::CollectivePeer;
 use crate::config::{RunConfig, Strategy};
 use crate::error::TrainError;
-use crate::sync::CollectivePeer;
 
 /// The burn-collective configurations of a process with `local` replicas, registered in turn
 /// (see [`CollectivePeer`]): one for a single process; for several, two that differ in their
@@ -27,7 +23,7 @@ pub fn collective_config(config: &RunConfig, local: usize) -> Vec<CollectiveConf
     if p.nodes <= 1 {
         return vec![base];
     }
-    let (host, port) = coordinator_host_port(config);
+    let (host, port) = (&p.coordinator.host, p.coordinator.port);
     let address = |text: String| Address::from_str(&text).expect("any text is an address");
     (0..2u16)
         .map(|round| {
@@ -54,18 +50,8 @@ fn all_reduce_strategy(strategy: Strategy) -> AllReduceStrategy {
 /// coordinator's port + 2) + 2 × node rank + round.
 pub fn data_port(config: &RunConfig, round: u16) -> u16 {
     let p = &config.parallel;
-    let first = p.data_port.unwrap_or_else(|| coordinator_host_port(config).1.saturating_add(2));
+    let first = p.data_port.unwrap_or_else(|| p.coordinator.port.saturating_add(2));
     first.saturating_add(2 * p.node_rank as u16 + round)
-}
-
-/// The coordinator's host and (first) port, from `parallel.coordinator` (`HOST:PORT`, validated
-/// with the config).
-fn coordinator_host_port(config: &RunConfig) -> (String, u16) {
-    let text = &config.parallel.coordinator;
-    match text.rsplit_once(':') {
-        Some((host, port)) => (host.to_string(), port.parse().unwrap_or(29500)),
-        None => (text.clone(), 29500),
-    }
 }
 
 /// A line describing the data-parallel layout of a process with `local` replicas.
@@ -139,81 +125,3 @@ pub fn join<B: AutodiffBackend>(
     )
 }
 
-/// Starts burn-collective's global orchestrators in this process when it is node 0 of several
-/// and `parallel.start_coordinator` is on; they serve until the process exits.
-///
-/// Errors: the orchestrators' runtime cannot start.
-pub fn start_coordinator(config: &RunConfig) -> Result<Option<std::thread::JoinHandle<()>>, TrainError> {
-    let p = &config.parallel;
-    if p.nodes <= 1 || p.node_rank != 0 || !p.start_coordinator || p.coordinator_elsewhere {
-        return Ok(None);
-    }
-    let port = coordinator_host_port(config).1;
-    check_ports_free(port)?;
-    Ok(Some(serve_coordinator(port)?))
-}
-
-/// The coordinator's port of `config`.
-pub fn coordinator_port(config: &RunConfig) -> u16 {
-    coordinator_host_port(config).1
-}
-
-/// Checks that this node's two data-service ports are free (several nodes only).
-///
-/// Errors: a port is taken, naming it and the key that moves it.
-pub fn check_data_ports(config: &RunConfig) -> Result<(), TrainError> {
-    if config.parallel.nodes <= 1 {
-        return Ok(());
-    }
-    for round in 0..2 {
-        let port = data_port(config, round);
-        ensure_free(port, |e| {
-            format!(
-                "node {}: data-service port {port} is not free: {e} (move the ports with parallel.data_port)",
-                config.parallel.node_rank
-            )
-        })?;
-    }
-    Ok(())
-}
-
-/// Checks that the orchestrators' ports `port` and `port + 1` are free (burn-collective
-/// would otherwise log the failure and carry on).
-///
-/// Errors: a port is taken, naming it.
-pub fn check_ports_free(port: u16) -> Result<(), TrainError> {
-    for p in [port, port + 1] {
-        ensure_free(p, |e| {
-            format!(
-                "cannot start the coordinator on port {p}: {e} (another coordinator or run holds it? use it with --set parallel.start_coordinator=false, or pick another --coordinator port)"
-            )
-        })?;
-    }
-    Ok(())
-}
-
-/// Binds `port` on all interfaces (as burn-collective's servers will) and lets it go again.
-///
-/// Errors: the port is taken, described by `message`.
-fn ensure_free(port: u16, message: impl FnOnce(std::io::Error) -> String) -> Result<(), TrainError> {
-    std::net::TcpListener::bind(("0.0.0.0", port)).map(drop).map_err(|e| TrainError::Sync(message(e)))
-}
-
-/// Runs burn-collective's global orchestrators on `port` and `port + 1` on a background
-/// thread. burn-collective 0.21 listens on all interfaces (`0.0.0.0`) without
-/// authentication: keep these ports on a private network.
-///
-/// Errors: the async runtime cannot start.
-pub fn serve_coordinator(port: u16) -> Result<std::thread::JoinHandle<()>, TrainError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| TrainError::Sync(format!("cannot start the coordinator's runtime: {e}")))?;
-    Ok(std::thread::spawn(move || {
-        runtime.block_on(async {
-            let second = tokio::spawn(burn_collective::start_global_orchestrator(port + 1));
-            burn_collective::start_global_orchestrator(port).await;
-            let _ = second.await;
-        })
-    }))
-}

@@ -1,4 +1,5 @@
-//! `train_step`: one optimizer step, the six steps of the training iteration in order.
+//! The optimizer step: the six steps of the training iteration in order, written once and run
+//! by `ember train`'s loop, `ember bench`, `ember verify` and the burn-train strategy alike.
 
 use std::time::{Duration, Instant};
 
@@ -8,11 +9,12 @@ use burn::tensor::Tensor;
 use ember_data::Batch;
 use ember_model::{LanguageModel, Packing};
 
-use crate::batch::to_tensors;
+use super::batch::to_tensors;
+use super::loss::nll_sum;
+use super::optim::{clip_grad_norm, scale_grads, AdamWGroups};
+use super::sync::{Contribution, GradSync};
 use crate::error::TrainError;
-use crate::loss::nll_sum;
-use crate::optim::{clip_grad_norm, scale_grads, AdamWGroups};
-use crate::sync::{Contribution, GradSync};
+use crate::observe::device::{device_memory, DeviceMemory};
 
 /// What one optimizer step measured. Tensors stay on the device: reading them is a host sync,
 /// done only at logging steps.
@@ -35,6 +37,9 @@ pub struct StepOutput<B: Backend> {
     pub forward_backward_time: Duration,
     /// Clipping and the AdamW update (with a device sync when `timed`).
     pub optimizer_time: Duration,
+    /// On CUDA, when `timed`: the device pool after the backward pass, when the gradients are
+    /// alive (the step's high point); `None` otherwise.
+    pub device_memory: Option<DeviceMemory>,
 }
 
 /// Per-step inputs besides the data.
@@ -61,6 +66,104 @@ impl StepSettings {
     pub fn new(step: u64, lr: f64, grad_clip: f64) -> Self {
         Self { step, lr, grad_clip, stop: false, param_hash: None, timed: false }
     }
+}
+
+/// What an optimizer step updates: the model it differentiates, and whatever applies the
+/// gradients to it — Ember's [`AdamWGroups`] ([`Trainee`]), or a burn-train `Learner`'s
+/// optimizer (`crate::learner`).
+pub trait StepTarget<B: AutodiffBackend> {
+    /// The model of the forward and backward passes.
+    fn model(&self) -> &LanguageModel<B>;
+    /// Applies the (clipped) gradient at learning rate `lr`, consuming it.
+    fn apply(&mut self, lr: f64, grads: GradientsParams);
+}
+
+/// A model with Ember's AdamW: the usual [`StepTarget`].
+pub struct Trainee<'a, B: AutodiffBackend> {
+    /// Always `Some` between steps; taken while the optimizer updates it, so the update owns
+    /// the only reference to each parameter and can write it in place.
+    model: Option<LanguageModel<B>>,
+    optimizer: &'a mut AdamWGroups<LanguageModel<B>, B>,
+}
+
+impl<'a, B: AutodiffBackend> Trainee<'a, B> {
+    /// `model`, to be updated by `optimizer`.
+    pub fn new(model: LanguageModel<B>, optimizer: &'a mut AdamWGroups<LanguageModel<B>, B>) -> Self {
+        Self { model: Some(model), optimizer }
+    }
+
+    /// The model, updated by the steps taken.
+    pub fn into_model(self) -> LanguageModel<B> {
+        self.model.expect("a trainee always holds its model between steps")
+    }
+}
+
+impl<B: AutodiffBackend> StepTarget<B> for Trainee<'_, B> {
+    fn model(&self) -> &LanguageModel<B> {
+        self.model.as_ref().expect("a trainee always holds its model between steps")
+    }
+
+    fn apply(&mut self, lr: f64, grads: GradientsParams) {
+        let model = self.model.take().expect("a trainee always holds its model between steps");
+        self.model = Some(self.optimizer.step(lr, model, grads));
+    }
+}
+
+/// One optimizer step over this rank's `micro_batches` (one per accumulation step), updating
+/// `target`. The one implementation of the step; [`train_step`] is it for a model and
+/// [`AdamWGroups`].
+///
+/// Seed the backend before calling (dropout draws from it) to make the step reproducible.
+///
+/// Errors: as [`global_gradients`].
+pub fn optimizer_step<B: AutodiffBackend>(
+    target: &mut impl StepTarget<B>,
+    micro_batches: &[Batch],
+    settings: StepSettings,
+    sync: &mut dyn GradSync<B>,
+    device: &B::Device,
+) -> Result<StepOutput<B::InnerBackend>, TrainError> {
+    // 1. Data: the caller drew this step's micro-batches from this rank's shard.
+    // 2–4. Forward, loss, backward over the micro-batches; nothing is communicated.
+    // 5. Gradient sync, once per optimizer step, and normalization by the global token count.
+    let global = global_gradients(target.model(), micro_batches, &settings, sync, device)?;
+    let mut grads = global.grads;
+    // 6. Optimizer: clip by the global norm of the reduced gradient (the same on every rank),
+    //    AdamW (decay on 2-D weights only) at this step's learning rate; the gradients are
+    //    consumed, so nothing carries into the next step.
+    let started = Instant::now();
+    let grad_norm = clip_grad_norm(target.model(), &mut grads, settings.grad_clip);
+    target.apply(settings.lr, grads);
+    if settings.timed {
+        let _ = B::sync(device);
+    }
+    Ok(StepOutput {
+        loss: global.loss,
+        grad_norm,
+        scored_tokens: global.scored_tokens,
+        stop: global.stop,
+        replicas_agree: global.replicas_agree,
+        sync_time: global.sync_time,
+        forward_backward_time: global.forward_backward_time,
+        optimizer_time: started.elapsed(),
+        device_memory: global.device_memory,
+    })
+}
+
+/// [`optimizer_step`] for `model` and Ember's AdamW. Returns the updated model.
+///
+/// Errors: as [`global_gradients`].
+pub fn train_step<B: AutodiffBackend>(
+    model: LanguageModel<B>,
+    optimizer: &mut AdamWGroups<LanguageModel<B>, B>,
+    micro_batches: &[Batch],
+    settings: StepSettings,
+    sync: &mut dyn GradSync<B>,
+    device: &B::Device,
+) -> Result<(LanguageModel<B>, StepOutput<B::InnerBackend>), TrainError> {
+    let mut trainee = Trainee::new(model, optimizer);
+    let output = optimizer_step(&mut trainee, micro_batches, settings, sync, device)?;
+    Ok((trainee.into_model(), output))
 }
 
 /// Steps 2–4 on one rank: for each micro-batch, forward, Σ NLL over its scored targets,
@@ -92,25 +195,6 @@ pub fn accumulate<B: AutodiffBackend>(
     (accumulator.grads(), nll, micro_batches.iter().map(Batch::scored_tokens).sum())
 }
 
-/// Steps 1–4 for a single worker, normalized: the gradient and the loss (nats/token, `[1]`)
-/// of Σ NLL ÷ the scored tokens of all `micro_batches` — equal to the full batch's token-mean
-/// loss and its gradient — and the scored-token count.
-///
-/// Errors: [`TrainError::NoScoredTokens`] when no target of any micro-batch is scored.
-pub fn forward_backward<B: AutodiffBackend>(
-    model: &LanguageModel<B>,
-    micro_batches: &[Batch],
-    step: u64,
-    device: &B::Device,
-) -> Result<(GradientsParams, Tensor<B::InnerBackend, 1>, usize), TrainError> {
-    let (mut grads, nll, tokens) = accumulate(model, micro_batches, device);
-    if tokens == 0 {
-        return Err(TrainError::NoScoredTokens { step });
-    }
-    scale_grads(model, &mut grads, 1.0 / tokens as f64);
-    Ok((grads, nll / tokens as f64, tokens))
-}
-
 /// The gradient of the global batch's token-mean loss, identical on every rank.
 pub struct GlobalGradients<B: AutodiffBackend> {
     /// `∇ (Σ NLL ÷ scored tokens)` over all micro-batches of all ranks.
@@ -127,13 +211,16 @@ pub struct GlobalGradients<B: AutodiffBackend> {
     pub sync_time: Duration,
     /// Time of the forward and backward passes.
     pub forward_backward_time: Duration,
+    /// On CUDA, when timed: the device pool after the backward pass.
+    pub device_memory: Option<DeviceMemory>,
 }
 
 /// Steps 2–5 on one rank: forward, loss and backward over this rank's `micro_batches` with
 /// nothing communicated, then one exchange that sums the gradients, Σ NLL and scored-token
 /// counts of every rank (plus the stop flag and parameter hashes of `settings`), and the
 /// normalization by the global batch's scored tokens — all micro-steps, all ranks — so the
-/// result equals the full global batch's gradient even with uneven masks.
+/// result equals the full global batch's gradient even with uneven masks. With
+/// [`super::Solo`] it is the single worker's normalized gradient.
 ///
 /// Errors: [`TrainError::NoScoredTokens`] when no target of the global batch is scored; the
 /// exchange's errors (a rank failed, a timeout).
@@ -146,21 +233,23 @@ pub fn global_gradients<B: AutodiffBackend>(
 ) -> Result<GlobalGradients<B>, TrainError> {
     let started = Instant::now();
     let (grads, nll_sum, tokens) = accumulate(model, micro_batches, device);
+    let mut memory = None;
     if settings.timed {
         let _ = B::sync(device);
+        memory = device_memory(device);
     }
     let forward_backward_time = started.elapsed();
     let started = Instant::now();
     let local = Contribution {
         grads,
         nll_sum,
-        tokens: tokens as f64,
+        tokens: tokens as u64,
         stop: settings.stop,
         param_hash: settings.param_hash,
     };
     let global = sync.exchange(model, local)?;
     let sync_time = started.elapsed();
-    let scored_tokens = global.tokens.round() as usize;
+    let scored_tokens = global.tokens as usize;
     if scored_tokens == 0 {
         return Err(TrainError::NoScoredTokens { step: settings.step });
     }
@@ -174,49 +263,25 @@ pub fn global_gradients<B: AutodiffBackend>(
         replicas_agree: global.hashes_agree,
         sync_time,
         forward_backward_time,
+        device_memory: memory,
     })
 }
 
-/// One optimizer step over this rank's `micro_batches` (one per accumulation step). Returns
-/// the updated model.
+/// Steps 1–4 for a single worker, normalized: the gradient and the loss (nats/token, `[1]`)
+/// of Σ NLL ÷ the scored tokens of all `micro_batches` — equal to the full batch's token-mean
+/// loss and its gradient — and the scored-token count: [`global_gradients`] with
+/// [`super::Solo`].
 ///
-/// Seed the backend before calling (dropout draws from it) to make the step reproducible.
-///
-/// Errors: as [`global_gradients`].
-pub fn train_step<B: AutodiffBackend>(
-    model: LanguageModel<B>,
-    optimizer: &mut AdamWGroups<LanguageModel<B>, B>,
+/// Errors: [`TrainError::NoScoredTokens`] when no target of any micro-batch is scored.
+pub fn forward_backward<B: AutodiffBackend>(
+    model: &LanguageModel<B>,
     micro_batches: &[Batch],
-    settings: StepSettings,
-    sync: &mut dyn GradSync<B>,
+    step: u64,
     device: &B::Device,
-) -> Result<(LanguageModel<B>, StepOutput<B::InnerBackend>), TrainError> {
-    // 1. Data: the caller drew this step's micro-batches from this rank's shard.
-    // 2–4. Forward, loss, backward over the micro-batches; nothing is communicated.
-    // 5. Gradient sync, once per optimizer step, and normalization by the global token count.
-    let global = global_gradients(&model, micro_batches, &settings, sync, device)?;
-    let mut grads = global.grads;
-    // 6. Optimizer: clip by the global norm of the reduced gradient (the same on every rank),
-    //    AdamW (decay on 2-D weights only) at this step's learning rate; the gradients are
-    //    consumed, so nothing carries into the next step.
-    let started = Instant::now();
-    let grad_norm = clip_grad_norm(&model, &mut grads, settings.grad_clip);
-    let model = optimizer.step(settings.lr, model, grads);
-    if settings.timed {
-        let _ = B::sync(device);
-    }
-    let optimizer_time = started.elapsed();
-    let output = StepOutput {
-        loss: global.loss,
-        grad_norm,
-        scored_tokens: global.scored_tokens,
-        stop: global.stop,
-        replicas_agree: global.replicas_agree,
-        sync_time: global.sync_time,
-        forward_backward_time: global.forward_backward_time,
-        optimizer_time,
-    };
-    Ok((model, output))
+) -> Result<(GradientsParams, Tensor<B::InnerBackend, 1>, usize), TrainError> {
+    let settings = StepSettings::new(step, 0.0, 0.0);
+    let global = global_gradients(model, micro_batches, &settings, &mut super::Solo, device)?;
+    Ok((global.grads, global.loss, global.scored_tokens))
 }
 
 /// Σ NLL (nats) over the scored targets of `batch`: forward (with document masking when the

@@ -1,6 +1,7 @@
-//! Device memory on CUDA: what Burn's CUDA backend holds in its CubeCL memory pool — the
-//! counterparts of PyTorch's `torch.cuda.memory_allocated()` (in use) and
-//! `torch.cuda.memory_reserved()` (reserved from the driver).
+//! What the machine says about itself: device memory on CUDA (what Burn's CUDA backend holds
+//! in its CubeCL memory pool — the counterparts of PyTorch's `torch.cuda.memory_allocated()`
+//! and `torch.cuda.memory_reserved()`), the process's resident memory, and the GPU's model
+//! name.
 
 use std::any::Any;
 
@@ -36,6 +37,25 @@ pub fn device_memory<D: Any>(device: &D) -> Option<DeviceMemory> {
         let _ = device;
         None
     }
+}
+
+/// A `/proc/self/status` memory line (`VmRSS:`, `VmHWM:`) in bytes; `None` off Linux.
+pub fn rss_bytes(key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(key))?;
+    let kb: u64 = line[key.len()..].trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// The model name of NVIDIA GPU `index` from the driver's `/proc` entry (Linux), e.g.
+/// `NVIDIA H200`.
+pub fn gpu_model(index: usize) -> Option<String> {
+    let mut dirs: Vec<_> =
+        std::fs::read_dir("/proc/driver/nvidia/gpus").ok()?.flatten().map(|e| e.path()).collect();
+    dirs.sort();
+    let info = std::fs::read_to_string(dirs.get(index)?.join("information")).ok()?;
+    let line = info.lines().find(|l| l.starts_with("Model:"))?;
+    Some(line["Model:".len()..].trim().to_string())
 }
 
 #[cfg(test)]

@@ -10,13 +10,12 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use crate::accounting::{estimate, Estimate, Precision};
-use crate::config::RunConfig;
-use crate::device_memory::{device_memory, DeviceMemory};
+use crate::config::{ConfigError, RunConfig};
 use crate::error::TrainError;
-use crate::optim::{clip_grad_norm, scale_grads, AdamWGroups};
-use crate::step::accumulate;
-use crate::sync::scalar;
+use crate::observe::accounting::{estimate, Estimate, Precision};
+use crate::observe::device::{device_memory, rss_bytes, DeviceMemory};
+use crate::step::optim::AdamWGroups;
+use crate::step::{scalar, train_step, Solo, StepOutput, StepSettings};
 
 /// Mean milliseconds per optimizer step in each phase (each ended by a device sync).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -79,10 +78,9 @@ pub fn bench<B: AutodiffBackend>(
 ) -> Result<BenchReport, TrainError> {
     let baseline_rss_bytes = rss_bytes("VmRSS:").unwrap_or(0);
     B::seed(device, config.seed);
-    let mut model: LanguageModel<B> = config
-        .model
-        .init(device)
-        .map_err(|e| TrainError::Backend(format!("model.{}: {}", e.field, e.message)))?;
+    let mut model: LanguageModel<B> = config.model.init(device).map_err(|e| {
+        ConfigError::at(&config.origin.path, format!("model.{}", e.field), e.message)
+    })?;
     let mut optimizer = AdamWGroups::new(&config.optimizer, &model);
     let (vocab, seq_len) = (config.model.vocab_size(), config.model.block_size());
     let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
@@ -100,27 +98,24 @@ pub fn bench<B: AutodiffBackend>(
     let mut max_in_use: Option<u64> = None;
     let mut last_loss = f64::NAN;
     let mut timed = Duration::ZERO;
-    for step in 0..warmup + steps {
-        let mut clock = Clock::<B>::new(device);
+    for i in 0..warmup + steps {
+        let started = Instant::now();
         let batches: Vec<Batch> = (0..config.accumulation_steps).map(|_| random_batch()).collect();
-        let data = clock.lap();
-        let (mut grads, nll, tokens) = accumulate(&model, &batches, device);
-        scale_grads(&model, &mut grads, 1.0 / tokens.max(1) as f64);
-        let loss = scalar(nll) / tokens.max(1) as f64;
-        let forward_backward = clock.lap();
-        if let Some(now) = device_memory(device) {
-            max_in_use = Some(max_in_use.unwrap_or(0).max(now.in_use_bytes));
+        let data = started.elapsed();
+        let (next, out) = step(model, &mut optimizer, config, i as u64 + 1, &batches, device)?;
+        model = next;
+        if let Some(memory) = out.device_memory {
+            max_in_use = Some(max_in_use.unwrap_or(0).max(memory.in_use_bytes));
         }
-        let sync = Duration::ZERO;
-        clip_grad_norm(&model, &mut grads, config.optimizer.grad_clip);
-        model = optimizer.step(config.optimizer.lr, model, grads);
-        let optimizer_time = clock.lap();
-        if step >= warmup {
-            for (total, lap) in phases.iter_mut().zip([data, forward_backward, sync, optimizer_time]) {
+        if i >= warmup {
+            let laps = [data, out.forward_backward_time, out.sync_time, out.optimizer_time];
+            for (total, lap) in phases.iter_mut().zip(laps) {
                 *total += lap;
             }
-            timed += clock.total();
-            last_loss = loss;
+            timed += started.elapsed();
+            if i + 1 == warmup + steps {
+                last_loss = scalar(out.loss);
+            }
         }
     }
     let per_step_ms = |d: Duration| 1e3 * d.as_secs_f64() / steps.max(1) as f64;
@@ -162,47 +157,20 @@ pub fn bench<B: AutodiffBackend>(
     })
 }
 
-/// Phase timer: each lap waits for the device to finish its queued work first.
-struct Clock<'a, B: AutodiffBackend> {
-    device: &'a B::Device,
-    start: Instant,
-    last: Instant,
-}
-
-impl<'a, B: AutodiffBackend> Clock<'a, B> {
-    fn new(device: &'a B::Device) -> Self {
-        let now = Instant::now();
-        Self { device, start: now, last: now }
-    }
-
-    fn lap(&mut self) -> Duration {
-        let _ = B::sync(self.device);
-        let now = Instant::now();
-        let lap = now - self.last;
-        self.last = now;
-        lap
-    }
-
-    fn total(&self) -> Duration {
-        self.last - self.start
-    }
-}
-
-/// A `/proc/self/status` memory line (`VmRSS:`, `VmHWM:`) in bytes; `None` off Linux.
-pub fn rss_bytes(key: &str) -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with(key))?;
-    let kb: u64 = line[key.len()..].trim().trim_end_matches("kB").trim().parse().ok()?;
-    Some(kb * 1024)
-}
-
-/// The model name of NVIDIA GPU `index` from the driver's `/proc` entry (Linux), e.g.
-/// `NVIDIA H200`.
-pub fn gpu_model(index: usize) -> Option<String> {
-    let mut dirs: Vec<_> =
-        std::fs::read_dir("/proc/driver/nvidia/gpus").ok()?.flatten().map(|e| e.path()).collect();
-    dirs.sort();
-    let info = std::fs::read_to_string(dirs.get(index)?.join("information")).ok()?;
-    let line = info.lines().find(|l| l.starts_with("Model:"))?;
-    Some(line["Model:".len()..].trim().to_string())
+/// `ember bench`'s optimizer step `step` of `config` on `micro_batches`: Ember's one
+/// [`train_step`], one worker, at the peak learning rate, each phase timed (it waits for the
+/// device at the end of each).
+///
+/// Errors: as [`train_step`].
+pub fn step<B: AutodiffBackend>(
+    model: LanguageModel<B>,
+    optimizer: &mut AdamWGroups<LanguageModel<B>, B>,
+    config: &RunConfig,
+    step: u64,
+    micro_batches: &[Batch],
+    device: &B::Device,
+) -> Result<(LanguageModel<B>, StepOutput<B::InnerBackend>), TrainError> {
+    let o = &config.optimizer;
+    let settings = StepSettings { timed: true, ..StepSettings::new(step, o.lr, o.grad_clip) };
+    train_step(model, optimizer, micro_batches, settings, &mut Solo, device)
 }

@@ -12,9 +12,10 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use ember_model::LanguageModel;
 use serde::{Deserialize, Serialize};
 
+use ember_data::write_atomic;
+
 use crate::error::TrainError;
-use crate::fsutil::write_atomic;
-use crate::optim::AdamWGroups;
+use crate::step::optim::AdamWGroups;
 
 /// Layout version of a checkpoint directory.
 pub const CHECKPOINT_VERSION: u32 = 2;

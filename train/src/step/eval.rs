@@ -6,7 +6,7 @@ use ember_data::{DataView, EpochSampler, SamplerState};
 use ember_model::LanguageModel;
 
 use crate::error::TrainError;
-use crate::step::batch_nll;
+use super::train_step::batch_nll;
 
 /// Mean NLL in nats/token over `batches` batches of `batch_size` rows of `view`: Σ NLL over
 /// all scored targets ÷ their number. The batches are the first of `seed`'s epoch-0 order, so
@@ -36,9 +36,7 @@ pub fn evaluate<B: Backend>(
         });
     }
     if tokens == 0 {
-        return Err(TrainError::Feed(format!(
-            "no scored target in {batches} evaluation batches of {batch_size}: every example's response lies beyond block_size (raise model.block_size) or is empty"
-        )));
+        return Err(TrainError::NoEvalTokens { batches, batch_size });
     }
     let total: f64 = nll.map_or(0.0, |t| t.into_scalar().elem());
     Ok(total / tokens as f64)

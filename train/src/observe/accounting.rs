@@ -267,7 +267,7 @@ pub fn estimate_run(config: &RunConfig, precision: Precision, peak_flops: Option
 pub fn table_peak_flops(config: &RunConfig) -> Option<f64> {
     match config.backend {
         BackendKind::Cuda => {
-            crate::bench::gpu_model(config.device).and_then(|model| known_peak_flops(&model))
+            super::device::gpu_model(config.device).and_then(|model| known_peak_flops(&model))
         }
         BackendKind::Flex => None,
     }

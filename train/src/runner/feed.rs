@@ -79,7 +79,7 @@ pub fn cut_note(view: &DataView, seq_len: usize) -> String {
     note
 }
 
-/// The validation rows (for [`crate::eval::evaluate`]).
+/// The validation rows (for [`crate::step::eval::evaluate`]).
 pub fn val_view(data: Arc<PreparedData>, config: &RunConfig) -> Result<DataView, TrainError> {
     Ok(DataView::new(data, Split::Val, config.model.block_size(), config.document_masking)?)
 }

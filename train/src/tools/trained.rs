@@ -8,10 +8,9 @@ use burn::tensor::backend::Backend;
 use ember_data::{Meta, PreparedData, Tokenizer};
 use ember_model::LanguageModel;
 
-use crate::checkpoint;
 use crate::config::{ConfigError, RunConfig};
 use crate::error::TrainError;
-use crate::run::files;
+use crate::persist::{checkpoint, files};
 
 /// Where the weights come from.
 #[derive(Clone, Debug, PartialEq)]
@@ -58,32 +57,15 @@ impl Trained {
             }
             Source::Config(path) => {
                 let mut config = RunConfig::load(path, &[])?;
-                let key_err = |key: &str, message: String| ConfigError::Key {
-                    path: path.clone(),
-                    key: key.into(),
-                    message,
-                };
                 if config.init_from.is_none() {
-                    return Err(key_err(
-                        "init_from",
-                        "missing: the weights to load (Hugging Face safetensors)".into(),
-                    )
-                    .into());
+                    let message = "missing: the weights to load (Hugging Face safetensors)";
+                    return Err(ConfigError::at(path, "init_from", message).into());
                 }
                 let meta = match &config.data {
                     Some(dir) if dir.join(ember_data::META_FILE).exists() => Some(Meta::read(dir)?),
                     _ => None,
                 };
-                config.adopt_weights_vocab()?;
-                let data_vocab = meta.as_ref().map_or(0, |m| m.vocab_size);
-                config.resolve_vocab(data_vocab).map_err(|(k, m)| key_err(&k, m))?;
-                if config.model.vocab_size() == 0 {
-                    return Err(key_err(
-                        "model.vocab_size",
-                        "missing: give it, a preset, or prepared `data`".into(),
-                    )
-                    .into());
-                }
+                config.resolve_vocab(meta.as_ref().map(|m| m.vocab_size))?;
                 Ok(Self { source, config, meta })
             }
         }
@@ -112,10 +94,8 @@ impl Trained {
 
     /// The prepared data, for evaluation.
     pub fn data(&self) -> Result<PreparedData, TrainError> {
-        let dir = self.config.data.clone().ok_or_else(|| ConfigError::Key {
-            path: self.config_path(),
-            key: "data".into(),
-            message: "missing: evaluation needs prepared data".into(),
+        let dir = self.config.data.clone().ok_or_else(|| {
+            ConfigError::at(&self.config.origin.path, "data", "missing: evaluation needs prepared data")
         })?;
         Ok(PreparedData::open(&dir)?)
     }
@@ -132,10 +112,8 @@ impl Trained {
     ///
     /// Errors: no checkpoint; weights that do not fit the configured model.
     pub fn load_model<B: Backend>(&self, device: &B::Device) -> Result<LanguageModel<B>, TrainError> {
-        let model = self.config.model.init(device).map_err(|e| ConfigError::Key {
-            path: self.config_path(),
-            key: format!("model.{}", e.field),
-            message: e.message,
+        let model = self.config.model.init(device).map_err(|e| {
+            ConfigError::at(&self.config.origin.path, format!("model.{}", e.field), e.message)
         })?;
         match &self.source {
             Source::Run(dir) => checkpoint::load_model(&checkpoint::latest(dir)?, model, device),
@@ -143,13 +121,6 @@ impl Trained {
                 let weights = self.config.init_from.as_ref().expect("checked by open");
                 Ok(ember_model::hf::load(model, weights)?)
             }
-        }
-    }
-
-    fn config_path(&self) -> PathBuf {
-        match &self.source {
-            Source::Run(dir) => dir.join(files::CONFIG),
-            Source::Config(path) => path.clone(),
         }
     }
 }

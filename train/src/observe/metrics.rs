@@ -73,7 +73,7 @@ pub struct TrainRecord {
     #[serde(default)]
     pub rss_bytes: Option<u64>,
     /// On CUDA: bytes held by live tensors in node 0's device pool at this step (`null`
-    /// elsewhere); see [`crate::device_memory`].
+    /// elsewhere); see [`super::device`].
     #[serde(default)]
     pub device_in_use_bytes: Option<u64>,
     /// On CUDA: bytes node 0's device pool has reserved from the driver.
@@ -227,7 +227,7 @@ pub fn truncate_after(path: &Path, step: u64) -> Result<(), TrainError> {
     let kept: Vec<Record> = read_records(path)?.into_iter().filter(|r| r.step() <= step).collect();
     let text: String =
         kept.iter().map(|r| serde_json::to_string(r).expect("records serialize to JSON") + "\n").collect();
-    crate::fsutil::write_atomic(path, text.as_bytes())
+    Ok(ember_data::write_atomic(path, text.as_bytes())?)
 }
 
 #[cfg(test)]

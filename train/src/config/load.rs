@@ -1,0 +1,86 @@
+//! Reading a run configuration: the TOML file, `--set key=value` overrides on its table, the
+//! `[model]` table resolved, then the schema and the checks — every error naming the file (or
+//! the `--set` argument) and the key.
+
+use std::path::Path;
+
+use super::error::ConfigError;
+use super::model::resolve_model;
+use super::schema::{Origin, RunConfig};
+
+impl RunConfig {
+    /// Reads `path`, applies `overrides` (`key=value`, dotted keys, TOML values; a value that
+    /// is not TOML is taken as a string), resolves the model preset, and validates.
+    ///
+    /// Errors: unreadable file, bad TOML, unknown key, missing key, bad value, unknown preset —
+    /// each naming the file and the key.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|error| ConfigError::Read { path: path.into(), error })?;
+        Self::from_toml_str(&text, path, overrides)
+    }
+
+    /// Like [`RunConfig::load`] from TOML text; `path` names the source in errors and is kept
+    /// in [`RunConfig::origin`].
+    pub fn from_toml_str(text: &str, path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
+        let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError::Syntax {
+            path: path.into(),
+            message: e.to_string(),
+        })?;
+        for arg in overrides {
+            apply_override(&mut table, arg)?;
+        }
+        // A bad value set with --set is reported as such, not as the file's.
+        let key_err = |key: &str, message: String| {
+            let set = overrides.iter().rev().find(|arg| {
+                arg.split_once('=')
+                    .is_some_and(|(k, _)| k.trim() == key || key.starts_with(&format!("{}.", k.trim())))
+            });
+            let source: std::path::PathBuf = set.map_or_else(|| path.into(), |arg| format!("--set {arg}").into());
+            ConfigError::at(source, key, message.lines().next().unwrap_or_default().trim())
+        };
+        let (model, vocab) = match table.remove("model") {
+            Some(toml::Value::Table(model)) => resolve_model(model).map_err(|(k, m)| key_err(&k, m))?,
+            Some(_) => return Err(key_err("model", "must be a table ([model])".into())),
+            None => return Err(key_err("model", "missing: add a [model] table".into())),
+        };
+        let model = toml::Table::try_from(&model).expect("a model config serializes to a TOML table");
+        table.insert("model".into(), toml::Value::Table(model));
+        let mut config: RunConfig =
+            serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+                let key = e.path().to_string();
+                key_err(if key == "." { "(top level)" } else { &key }, e.inner().to_string())
+            })?;
+        if config.optimizer.lr_decay_steps.is_none() {
+            config.optimizer.lr_decay_steps = Some(config.max_steps);
+        }
+        config.origin = Origin { path: path.into(), vocab };
+        config.validate().map_err(|(k, m)| key_err(&k, m))?;
+        Ok(config)
+    }
+}
+
+/// Applies one `key=value` override to the raw TOML table.
+fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError> {
+    let set_err = |message: &str| ConfigError::Set { arg: arg.into(), message: message.into() };
+    let (key, raw) = arg.split_once('=').ok_or_else(|| set_err("expected key=value, e.g. max_steps=100"))?;
+    let key = key.trim();
+    if key.is_empty() || key.split('.').any(str::is_empty) {
+        return Err(set_err("empty key; expected a dotted key such as optimizer.lr"));
+    }
+    // A TOML value if it parses as one (numbers, booleans, quoted strings, arrays), else a string.
+    let value = format!("v = {raw}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_string()));
+    let mut parts: Vec<&str> = key.split('.').collect();
+    let last = parts.pop().expect("split yields at least one part");
+    let mut node = table;
+    for part in parts {
+        let entry = node.entry(part).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        node = entry.as_table_mut().ok_or_else(|| set_err(&format!("`{part}` is not a table")))?;
+    }
+    node.insert(last.to_string(), value);
+    Ok(())
+}

@@ -1,0 +1,27 @@
+//! # config — what a run is told to do
+//!
+//! One TOML file (`examples/*.toml`), `--set key=value` overrides, the `[model]` table resolved
+//! from a typed preset, and checks whose errors name the file, the key and what was expected.
+//!
+//! - [`schema`]: every key, its default and unit ([`RunConfig`], [`OptimizerConfig`]);
+//! - [`parallel`]: `devices` and `[parallel]`, with the parsed [`HostPort`];
+//! - `model`, `load`, `validate`, `vocab`: reading, checking, and settling the vocabulary;
+//! - [`error`]: [`ConfigError`].
+//!
+//! May use: `ember-model` (model configs and presets), `ember-data` (tokenizer names, the
+//! prepared data's vocabulary). Nothing else of this crate.
+
+pub mod error;
+mod load;
+mod model;
+pub mod parallel;
+pub mod schema;
+mod validate;
+mod vocab;
+
+pub use error::ConfigError;
+pub use parallel::{Devices, HostPort, ParallelConfig, Strategy};
+pub use schema::{BackendKind, OptimizerConfig, Origin, RunConfig, VocabSource};
+
+#[cfg(test)]
+mod tests;

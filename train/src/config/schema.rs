@@ -1,0 +1,211 @@
+//! The schema of a run configuration: every key of the TOML file, its default and its unit.
+
+use std::path::PathBuf;
+
+use ember_model::ModelConfig;
+use serde::{Deserialize, Serialize};
+
+use super::parallel::{Devices, ParallelConfig};
+
+/// Which Burn backend runs the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// `burn-flex`, the pure-Rust CPU backend (default; what tests use).
+    #[default]
+    Flex,
+    /// `burn-cuda` (needs the `cuda` cargo feature and an NVIDIA driver).
+    Cuda,
+}
+
+/// Optimizer and learning-rate schedule (`[optimizer]` table). Defaults are nanoGPT's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimizerConfig {
+    /// Peak learning rate, reached at the end of warmup.
+    pub lr: f64,
+    /// Final learning rate of the cosine decay, held after `lr_decay_steps`.
+    pub min_lr: f64,
+    /// Optimizer steps of linear warmup: step `s ≤ warmup_steps` uses `lr·s/warmup_steps`.
+    pub warmup_steps: u64,
+    /// Optimizer step at which the cosine decay reaches `min_lr`. Defaults to `max_steps`.
+    pub lr_decay_steps: Option<u64>,
+    /// AdamW β₁.
+    pub beta1: f64,
+    /// AdamW β₂.
+    pub beta2: f64,
+    /// AdamW ε (added to √v̂).
+    pub eps: f64,
+    /// Decoupled weight decay for 2-D weight matrices (embeddings included); never applied
+    /// to biases or LayerNorm parameters.
+    pub weight_decay: f64,
+    /// Maximum global L2 norm of the gradient (0 disables clipping).
+    pub grad_clip: f64,
+}
+
+impl Default for OptimizerConfig {
+    fn default() -> Self {
+        Self {
+            lr: 6e-4,
+            min_lr: 6e-5,
+            warmup_steps: 0,
+            lr_decay_steps: None,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            grad_clip: 1.0,
+        }
+    }
+}
+
+/// Everything a training run needs, as read from TOML. Field names are the stable interface
+/// scripts rely on (`max_steps`, `eval_every`, `eval_batches`, `checkpoint_every`, `seed`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    /// Prepared data directory (`ember prepare --out`), or a UTF-8 text file that is prepared
+    /// into `RUN_DIR/data` with `tokenizer`. `--data` overrides it.
+    #[serde(default)]
+    pub data: Option<PathBuf>,
+    /// Tokenizer (`char`, `byte`, `gpt2`, `cl100k`, `o200k`): the one that prepares `data` when
+    /// it is a text file (default `char`), and, when given, the one prepared data must have
+    /// been made with (a mismatch is an error). With `init_from` and no data, `gpt2` lets
+    /// `ember sample --config` encode prompts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<String>,
+    /// Seed of everything random: initial weights, the batches of each step, dropout.
+    #[serde(default = "defaults::seed")]
+    pub seed: u64,
+    /// Number of optimizer steps.
+    pub max_steps: u64,
+    /// Sequences per micro-batch (per forward/backward).
+    pub micro_batch_size: usize,
+    /// Micro-batches per optimizer step (gradient accumulation).
+    #[serde(default = "defaults::one")]
+    pub accumulation_steps: usize,
+    /// Evaluate every N optimizer steps (0: only at the end).
+    #[serde(default = "defaults::eval_every")]
+    pub eval_every: u64,
+    /// Validation batches (of `micro_batch_size` sequences) per evaluation.
+    #[serde(default = "defaults::eval_batches")]
+    pub eval_batches: usize,
+    /// Write a checkpoint every N optimizer steps (0: only at the end).
+    #[serde(default)]
+    pub checkpoint_every: u64,
+    /// How many checkpoints to keep in `RUN_DIR/checkpoints` (the newest ones).
+    #[serde(default = "defaults::keep_checkpoints")]
+    pub keep_checkpoints: usize,
+    /// Print a log line and append a `metrics.jsonl` record every N optimizer steps.
+    #[serde(default = "defaults::one_u64")]
+    pub log_every: u64,
+    /// Restrict attention to each row's own documents (block-diagonal causal mask, positions
+    /// restarting at every document) instead of letting packed documents see each other.
+    #[serde(default)]
+    pub document_masking: bool,
+    /// Optimizer steps of batches built ahead on a background thread.
+    #[serde(default = "defaults::prefetch_depth")]
+    pub prefetch_depth: usize,
+    /// Backend: `"flex"` (CPU) or `"cuda"`.
+    #[serde(default)]
+    pub backend: BackendKind,
+    /// Peak FLOP/s of one device for MFU (default: the table of known GPUs; none on the CPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_flops: Option<f64>,
+    /// Device index for CUDA (`cuda:N`); the first of `devices` when there are several.
+    #[serde(default)]
+    pub device: usize,
+    /// Data-parallel replicas in this process, one thread and one model each: a count (`2`:
+    /// CUDA devices `device`, `device + 1`; on the CPU, burn-flex replicas) or CUDA device
+    /// indices (`[0, 1]`).
+    #[serde(default)]
+    pub devices: Devices,
+    /// Data parallelism across processes and its gradient exchange (`[parallel]`).
+    #[serde(default)]
+    pub parallel: ParallelConfig,
+    /// The model (`[model]`): `arch` (`"gpt2"`, the default, or `"llama"`), a `preset` name
+    /// and/or explicit fields of [`GptConfig`] / [`LlamaConfig`]. `vocab_size` may be
+    /// omitted: see [`RunConfig::resolve_vocab`].
+    pub model: ModelConfig,
+    /// Hugging Face safetensors weights to start from instead of a random initialization
+    /// (fine-tuning); their shapes must fit `[model]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<PathBuf>,
+    /// Optimizer and schedule (`[optimizer]`).
+    #[serde(default)]
+    pub optimizer: OptimizerConfig,
+    /// Where the configuration was read from and what it left to the data; not part of the
+    /// file.
+    #[serde(skip)]
+    pub origin: Origin,
+}
+
+mod defaults {
+    pub fn seed() -> u64 {
+        1337
+    }
+    pub fn one() -> usize {
+        1
+    }
+    pub fn one_u64() -> u64 {
+        1
+    }
+    pub fn eval_every() -> u64 {
+        250
+    }
+    pub fn eval_batches() -> usize {
+        20
+    }
+    pub fn prefetch_depth() -> usize {
+        2
+    }
+    pub fn keep_checkpoints() -> usize {
+        2
+    }
+}
+
+/// Where a configuration came from, for error messages, and whether its vocabulary is still to
+/// be taken from the data.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Origin {
+    /// The TOML file (for a resumed run, `RUN_DIR/config.toml`).
+    pub path: PathBuf,
+    /// How `model.vocab_size` is settled (see [`RunConfig::resolve_vocab`]).
+    pub vocab: VocabSource,
+}
+
+/// Where `model.vocab_size` comes from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VocabSource {
+    /// The config gives it (or it was resolved already).
+    #[default]
+    Given,
+    /// The config left it out: the preset's size if it holds the data's vocabulary, else the
+    /// data's (the weights' with `init_from`). Until resolved, `model.vocab_size` is 0.
+    Pending {
+        /// The preset's vocabulary size, if a preset was named.
+        preset: Option<usize>,
+    },
+}
+
+impl RunConfig {
+    /// The resolved configuration as TOML (what `RUN_DIR/config.toml` holds).
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("a RunConfig always serializes to TOML")
+    }
+
+    /// Data-parallel ranks in all: replicas per process × processes.
+    pub fn world_size(&self) -> usize {
+        self.devices.indices(self.device).len() * self.parallel.nodes
+    }
+
+    /// Sequences per optimizer step: `micro_batch_size · accumulation_steps · world_size`.
+    pub fn sequences_per_step(&self, world_size: usize) -> usize {
+        self.micro_batch_size * self.accumulation_steps * world_size
+    }
+
+    /// Tokens per optimizer step (every window has `block_size` scored targets).
+    pub fn tokens_per_step(&self, world_size: usize) -> usize {
+        self.sequences_per_step(world_size) * self.model.block_size()
+    }
+}

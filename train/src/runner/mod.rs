@@ -1,0 +1,275 @@
+//! # runner — a training run from start to finish
+//!
+//! [`train`] sets the run up ([`setup`]: devices, data, vocabulary, model, resume checks, run
+//! files), starts one replica per device ([`replica`]: the loop body, logging through a
+//! [`meter`]), and reports how the run ended. [`feed`] builds each rank's batches ahead on a
+//! background thread; [`controls`] carries stop, checkpoint and pause requests from other
+//! threads (Ctrl-C, the dashboard).
+//!
+//! May use: everything before it — [`crate::config`], [`crate::observe`], [`crate::step`],
+//! [`crate::parallel`], [`crate::persist`].
+
+pub mod controls;
+pub mod feed;
+mod meter;
+pub mod replica;
+pub mod setup;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use burn::module::Module;
+use burn::tensor::backend::AutodiffBackend;
+use ember_data::PreparedData;
+use ember_model::LanguageModel;
+
+use crate::config::RunConfig;
+use crate::error::TrainError;
+use crate::observe::metrics::MetricsLog;
+use crate::parallel::{FaultInjector, Faults, Group};
+use crate::persist::{checkpoint, files};
+use crate::step::optim::AdamWGroups;
+use crate::step::schedule::LrSchedule;
+use crate::step::{GradSync, Solo};
+use controls::Controls;
+use feed::Feed;
+use replica::{run_replica, Leader, Plan, Replica, ReplicaReport};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// The resolved configuration (for a resume: `RUN_DIR/config.toml` plus `--set`s).
+    pub config: RunConfig,
+    /// The run directory.
+    pub run_dir: PathBuf,
+    /// Continue the run in `run_dir` from its latest checkpoint.
+    pub resume: bool,
+    /// Stop (e.g. Ctrl-C), checkpoint-now and pause requests.
+    pub controls: Arc<Controls>,
+    /// The caller runs burn-collective's orchestrators itself (the CLI starts them in a child
+    /// process), so node 0 does not start them in-process.
+    pub coordinator_elsewhere: bool,
+    /// Faults to inject (tests of failure handling; none by default).
+    pub faults: Faults,
+}
+
+impl RunOptions {
+    /// A new run of `config` in `run_dir`: not a resume, no requests, no faults.
+    pub fn new(config: RunConfig, run_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            config,
+            run_dir: run_dir.into(),
+            resume: false,
+            controls: Arc::default(),
+            coordinator_elsewhere: false,
+            faults: Faults::default(),
+        }
+    }
+
+    /// Continues the run in `run_dir` from its latest checkpoint instead.
+    pub fn resuming(mut self) -> Self {
+        self.resume = true;
+        self
+    }
+
+    /// Takes stop, checkpoint and pause requests from `controls`.
+    pub fn with_controls(mut self, controls: Arc<Controls>) -> Self {
+        self.controls = controls;
+        self
+    }
+}
+
+/// How a run ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunSummary {
+    /// Optimizer steps completed.
+    pub steps: u64,
+    /// Validation loss of the last evaluation (nats/token).
+    pub final_val_loss: Option<f64>,
+    /// Wall-clock seconds of this session.
+    pub wall_s: f64,
+    /// Wall-clock seconds of the whole run, all sessions.
+    pub elapsed_s: f64,
+    /// Mean training throughput of this session, tokens/s of step time.
+    pub tokens_per_sec: f64,
+    /// True when stopped before `max_steps` (a checkpoint was written).
+    pub stopped_early: bool,
+}
+
+/// Trains (or resumes) a run on backend `B` with one replica per device of `devices` (empty:
+/// `devices` default devices of the config) and `parallel.nodes` processes; `log` receives
+/// every human-readable line (node 0 only).
+///
+/// Errors: bad data or configuration, a run directory that already holds a run (without
+/// `resume`), a missing or inconsistent checkpoint (with `resume`), I/O failures, a
+/// diverged loss, a failed or unreachable rank.
+pub fn train<B: AutodiffBackend>(
+    options: RunOptions,
+    devices: Vec<B::Device>,
+    log: &mut dyn FnMut(&str),
+) -> Result<RunSummary, TrainError> {
+    let RunOptions { mut config, run_dir, resume, controls, coordinator_elsewhere, faults } = options;
+    let session = Instant::now();
+    let devices = setup::devices::<B>(&config, devices)?;
+    let leads = config.parallel.node_rank == 0; // this process writes the run directory
+    let (data, start) = setup::start::<B>(&mut config, &run_dir, resume, leads, &devices[0], log)?;
+    describe(&config, &data, &start.model, log);
+    let plan = Plan {
+        config: &config,
+        schedule: LrSchedule::from_config(&config.optimizer, config.max_steps),
+        start: start.state.clone(),
+        session,
+        controls: &controls,
+        peak_flops: config.peak_flops.or_else(|| crate::observe::accounting::table_peak_flops(&config)),
+    };
+    let local = devices.len();
+    crate::parallel::check_data_ports(&config)?;
+    let group = (config.world_size() > 1).then(|| Group::new(&config, local));
+    if group.is_some() {
+        log(&crate::parallel::describe(&config, local));
+    }
+    let coordinator = crate::parallel::start_coordinator(&config, coordinator_elsewhere)?;
+    let replicas = Replicas { plan: &plan, data: Arc::new(data), start: &start, group, faults };
+    let leader = match leads {
+        true => Some((MetricsLog::open(&run_dir.join(files::METRICS))?, run_dir.as_path())),
+        false => None,
+    };
+    let report = replicas.run(&devices, leader, log);
+    if replicas.group.is_some() {
+        // Leave burn-collective's process-wide server clean for the next run in this process
+        // (after a failure, peers and operations may be left pending). After a lost peer,
+        // burn-collective's server may itself be gone (it panics there).
+        let _ = std::panic::catch_unwind(burn::collective::reset_collective::<B::InnerBackend>);
+    }
+    drop(coordinator);
+    let report = report?;
+    Ok(RunSummary {
+        steps: report.steps,
+        final_val_loss: report.final_val_loss,
+        wall_s: session.elapsed().as_secs_f64(),
+        elapsed_s: report.elapsed_s,
+        tokens_per_sec: report.tokens as f64 / report.step_s.max(1e-9),
+        stopped_early: report.stopped_early,
+    })
+}
+
+/// The start-of-run report: model, optimizer groups, data, global batch.
+fn describe<B: AutodiffBackend>(
+    config: &RunConfig,
+    data: &PreparedData,
+    model: &LanguageModel<B>,
+    log: &mut dyn FnMut(&str),
+) {
+    let census = AdamWGroups::<LanguageModel<B>, B>::new(&config.optimizer, model).census;
+    log(&format!("model: {} with {} parameters; {census}", config.model.arch(), model.num_params()));
+    log(&format!(
+        "data: {} ({} train / {} val tokens, vocabulary {})",
+        data.dir.display(),
+        data.meta.train_tokens,
+        data.meta.val_tokens,
+        data.meta.vocab_size
+    ));
+    let world_size = config.world_size();
+    log(&format!(
+        "global batch: {} sequences × {} tokens = {} tokens per optimizer step (micro-batch {} × {} accumulation steps × {} rank{})",
+        config.sequences_per_step(world_size),
+        config.model.block_size(),
+        config.tokens_per_step(world_size),
+        config.micro_batch_size,
+        config.accumulation_steps,
+        world_size,
+        if world_size == 1 { "" } else { "s" }
+    ));
+}
+
+/// The replicas of this process: what they share to start.
+struct Replicas<'a, B: AutodiffBackend> {
+    plan: &'a Plan<'a>,
+    data: Arc<PreparedData>,
+    start: &'a setup::Start<B>,
+    /// Their link to the other ranks (`None` for a single rank).
+    group: Option<Group>,
+    faults: Faults,
+}
+
+impl<B: AutodiffBackend> Replicas<'_, B> {
+    /// Runs one replica per device, each on its own thread (burn-collective registers the local
+    /// peers together); the first runs on this thread, as the leader when `leader` (rank 0's
+    /// metrics log and run directory) is given. Returns the first replica's report, or the
+    /// cause of a failure: the first error that is not another rank's reaction to it.
+    fn run(
+        &self,
+        devices: &[B::Device],
+        leader: Option<(MetricsLog, &std::path::Path)>,
+        log: &mut dyn FnMut(&str),
+    ) -> Result<ReplicaReport, TrainError> {
+        let first_rank = self.plan.config.parallel.node_rank * devices.len();
+        std::thread::scope(|scope| {
+            let followers: Vec<_> = (devices.iter().enumerate().skip(1))
+                .map(|(i, device)| {
+                    let model = self.start.model.clone().fork(device);
+                    scope.spawn(move || {
+                        let replica = self.replica(&model, first_rank + i, device)?;
+                        run_replica(self.plan, replica, model, None)
+                    })
+                })
+                .collect();
+            let ours = (|| {
+                let leader = match leader {
+                    Some((metrics, run_dir)) => {
+                        let val = feed::val_view(self.data.clone(), self.plan.config)?;
+                        Some((metrics, val, run_dir))
+                    }
+                    None => None,
+                };
+                let replica = self.replica(&self.start.model, first_rank, &devices[0])?;
+                log(&replica.feed.description);
+                let leader = leader.map(|(metrics, val, run_dir)| Leader { log: &mut *log, metrics, val, run_dir });
+                run_replica(self.plan, replica, self.start.model.clone(), leader)
+            })();
+            let mut results = vec![ours];
+            for (i, follower) in followers.into_iter().enumerate() {
+                results.push(follower.join().unwrap_or_else(|_| {
+                    Err(TrainError::Exchange { rank: first_rank + i + 1, message: "its thread panicked".into() })
+                }));
+            }
+            let mut errors: Vec<TrainError> = Vec::new();
+            let mut report = None;
+            for (i, result) in results.into_iter().enumerate() {
+                match result {
+                    Ok(r) if i == 0 => report = Some(r),
+                    Ok(_) => {}
+                    Err(e) => errors.push(e),
+                }
+            }
+            match report {
+                Some(report) if errors.is_empty() => Ok(report),
+                _ => {
+                    let cause = errors.iter().position(|e| !e.is_reaction()).unwrap_or(0);
+                    Err(errors.swap_remove(cause))
+                }
+            }
+        })
+    }
+
+    /// The replica of rank `rank` on `device`: its optimizer for `model` (restored from the
+    /// checkpoint resumed), its data shard, and its link to the other ranks (with the faults to
+    /// inject, if any).
+    fn replica(&self, model: &LanguageModel<B>, rank: usize, device: &B::Device) -> Result<Replica<B>, TrainError> {
+        let config = self.plan.config;
+        let feed = Feed::start(self.data.clone(), config, self.plan.start.sampler, rank, config.world_size())?;
+        let mut optimizer = AdamWGroups::new(&config.optimizer, model);
+        if let Some(dir) = &self.start.resume_dir {
+            optimizer = checkpoint::load_optimizer(dir, optimizer, device)?;
+        }
+        let mut sync: Box<dyn GradSync<B> + Send> = match &self.group {
+            None => Box::new(Solo),
+            Some(group) => Box::new(crate::parallel::join::<B>(config, rank, device, group.clone())?),
+        };
+        if self.faults.any() {
+            sync = Box::new(FaultInjector::new(sync, self.faults, self.plan.start.step + 1));
+        }
+        Ok(Replica { rank, device: device.clone(), optimizer, feed, sync })
+    }
+}

@@ -1,0 +1,254 @@
+//! Setting a run up: its devices, its data (prepared once from a text file if need be), the
+//! vocabulary, the model (fresh, imported or from the latest checkpoint), the checks a resume
+//! must pass, and the files of the run directory.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::backend::AutodiffBackend;
+use ember_data::{write_atomic, PrepareOptions, PreparedData, SamplerState, TokenizerKind};
+use ember_model::LanguageModel;
+
+use crate::config::{ConfigError, RunConfig};
+use crate::error::TrainError;
+use crate::observe::metrics;
+use crate::persist::checkpoint::{self, TrainState, CHECKPOINT_VERSION};
+use crate::persist::files;
+
+/// Where a run starts: its model and state, and the checkpoint they come from.
+pub(super) struct Start<B: AutodiffBackend> {
+    /// Fresh (seeded), imported (`init_from`), or the checkpoint's weights.
+    pub model: LanguageModel<B>,
+    /// Step 0, or the checkpoint's state.
+    pub state: TrainState,
+    /// The checkpoint resumed from (its optimizer state is loaded per replica).
+    pub resume_dir: Option<PathBuf>,
+}
+
+/// One device per replica of `config`: `given`, or as many default devices.
+///
+/// Errors: a number of devices other than the config's replicas.
+pub(super) fn devices<B: AutodiffBackend>(
+    config: &RunConfig,
+    given: Vec<B::Device>,
+) -> Result<Vec<B::Device>, TrainError> {
+    let wanted = config.devices.indices(config.device).len();
+    match given.len() {
+        0 => Ok(vec![B::Device::default(); wanted]),
+        n if n == wanted => Ok(given),
+        n => Err(ConfigError::at(
+            &config.origin.path,
+            "devices",
+            format!("the config asks for {wanted} replicas but {n} devices were given"),
+        )
+        .into()),
+    }
+}
+
+/// Opens the run's data, settles the vocabulary, and builds the model and state the run starts
+/// from (checking that a resume continues the same run). `leads`: this process writes the run
+/// directory (node 0), which it then holds the resolved config and data metadata.
+///
+/// Errors: see [`crate::runner::train`].
+pub(super) fn start<B: AutodiffBackend>(
+    config: &mut RunConfig,
+    run_dir: &Path,
+    resume: bool,
+    leads: bool,
+    device: &B::Device,
+    log: &mut dyn FnMut(&str),
+) -> Result<(PreparedData, Start<B>), TrainError> {
+    if leads {
+        fs::create_dir_all(run_dir).map_err(TrainError::io(run_dir))?;
+        if !resume {
+            ensure_fresh(run_dir, log)?;
+        }
+    }
+    if config.parallel.nodes > 1 && config.data.as_deref().is_some_and(Path::is_file) {
+        let message = "several nodes need prepared data (run `ember prepare` once), not a text file";
+        return Err(ConfigError::at(&config.origin.path, "data", message).into());
+    }
+    let data = open_data(config, run_dir)?;
+    if resume {
+        checkpoint::latest(run_dir)?; // a run without a checkpoint has nothing to resume
+        check_same_tokenizer(run_dir, &data.meta)?;
+    }
+    config.resolve_vocab(Some(data.meta.vocab_size))?;
+
+    // Every rank starts from the same weights: built from the same seed here and copied to
+    // each local replica (other processes build them the same way); the first step compares
+    // the replicas' parameter hashes.
+    B::seed(device, config.seed);
+    let mut model: LanguageModel<B> = config.model.init(device).map_err(|e| {
+        ConfigError::at(&config.origin.path, format!("model.{}", e.field), e.message)
+    })?;
+    let data_tokens = (data.meta.train_tokens, data.meta.total_tokens - data.meta.train_tokens);
+    let world_size = config.world_size();
+    let mut state = TrainState {
+        version: CHECKPOINT_VERSION,
+        step: 0,
+        tokens: 0,
+        elapsed_s: 0.0,
+        seed: config.seed,
+        sampler: SamplerState::default(),
+        data_tokens,
+        world_size,
+    };
+    let mut resume_dir = None;
+    if let (Some(path), false) = (&config.init_from, resume) {
+        model = ember_model::hf::load(model, path)?;
+        log(&format!("initialized from {}", path.display()));
+    }
+    if resume {
+        let dir = checkpoint::latest(run_dir)?;
+        state = checkpoint::load_state(&dir)?;
+        check_resumable(config, &state, &dir, data_tokens)?;
+        if config.max_steps <= state.step {
+            let message = format!(
+                "{} is not beyond the checkpoint's step {}: nothing to train; raise it with --set max_steps=N",
+                config.max_steps, state.step
+            );
+            return Err(ConfigError::at(&config.origin.path, "max_steps", message).into());
+        }
+        model = checkpoint::load_model(&dir, model, device)?;
+        if state.world_size != world_size {
+            // The epoch's remaining batches were cut for another rank count.
+            log(&format!(
+                "the checkpoint was written by {} ranks, this run has {world_size}: the data continues at the start of epoch {}",
+                state.world_size,
+                state.sampler.epoch + 1
+            ));
+            state.sampler = SamplerState { epoch: state.sampler.epoch + 1, cursor: 0 };
+            state.world_size = world_size;
+        }
+        if leads {
+            metrics::truncate_after(&run_dir.join(files::METRICS), state.step)?;
+        }
+        log(&format!("resumed from {} (step {})", dir.display(), state.step));
+        resume_dir = Some(dir);
+    }
+    if leads {
+        write_run_files(config, &data, run_dir)?;
+    }
+    Ok((data, Start { model, state, resume_dir }))
+}
+
+/// Opens the run's prepared data: `config.data` is a prepared directory, or a text file that
+/// is prepared into `RUN_DIR/data` once. On return `config.data` names the prepared
+/// directory as an absolute path.
+///
+/// Errors: no `data`; data that cannot be prepared or opened; prepared data of another
+/// tokenizer than the config's `tokenizer`.
+pub fn open_data(config: &mut RunConfig, run_dir: &Path) -> Result<PreparedData, TrainError> {
+    let given = config.data.clone().ok_or_else(|| {
+        ConfigError::at(&config.origin.path, "data", "missing: set `data` in the config or pass --data DIR|FILE")
+    })?;
+    let dir = if given.is_file() {
+        let out = run_dir.join("data");
+        if !out.join("meta.json").exists() {
+            let tokenizer: TokenizerKind = config.tokenizer.as_deref().unwrap_or("char").parse()?;
+            let mut options = PrepareOptions::new(tokenizer, vec![given], out.clone());
+            options.progress = false;
+            ember_data::prepare(&options)?;
+        }
+        out
+    } else {
+        given
+    };
+    let data = PreparedData::open(&dir)?;
+    if let Some(wanted) = &config.tokenizer {
+        let kind = data.meta.tokenizer.kind();
+        if kind != wanted.parse::<TokenizerKind>()? {
+            return Err(ConfigError::at(
+                dir.join(ember_data::META_FILE),
+                "tokenizer",
+                format!("the config asks for {wanted:?} but the data was prepared with \"{kind}\""),
+            )
+            .into());
+        }
+    }
+    config.data = Some(fs::canonicalize(&dir).map_err(TrainError::io(&dir))?);
+    Ok(data)
+}
+
+/// The resolved config, the data's metadata and (for Hugging Face tokenizers) its
+/// `tokenizer.json`, which sampling from the run needs beside `data_meta.json`.
+fn write_run_files(config: &RunConfig, data: &PreparedData, run_dir: &Path) -> Result<(), TrainError> {
+    write_atomic(&run_dir.join(files::CONFIG), config.to_toml().as_bytes())?;
+    let meta_json = serde_json::to_vec_pretty(&data.meta).expect("meta serializes");
+    write_atomic(&run_dir.join(files::DATA_META), &meta_json)?;
+    let hf_tokenizer = data.dir.join(ember_data::HF_TOKENIZER_FILE);
+    if hf_tokenizer.exists() {
+        let bytes = fs::read(&hf_tokenizer).map_err(TrainError::io(&hf_tokenizer))?;
+        write_atomic(&run_dir.join(ember_data::HF_TOKENIZER_FILE), &bytes)?;
+    }
+    Ok(())
+}
+
+/// A new run must not overwrite another one. A run directory without a checkpoint holds
+/// nothing to resume (the run stopped before its first checkpoint): its metrics are replaced.
+fn ensure_fresh(run_dir: &Path, log: &mut dyn FnMut(&str)) -> Result<(), TrainError> {
+    if run_dir.join("checkpoints").join("latest").exists() {
+        return Err(TrainError::RunDirTaken { path: run_dir.into(), found: "checkpoints".into() });
+    }
+    let metrics = run_dir.join(files::METRICS);
+    if metrics.exists() {
+        fs::remove_file(&metrics).map_err(TrainError::io(&metrics))?;
+        log(&format!(
+            "{} held a run that stopped before its first checkpoint: starting over",
+            run_dir.display()
+        ));
+    }
+    Ok(())
+}
+
+/// The data of a resumed run must be tokenized as the run's was.
+fn check_same_tokenizer(run_dir: &Path, meta: &ember_data::Meta) -> Result<(), TrainError> {
+    let path = run_dir.join(files::DATA_META);
+    let bytes = fs::read(&path).map_err(TrainError::io(&path))?;
+    let saved: ember_data::Meta = serde_json::from_slice(&bytes).map_err(|e| TrainError::Checkpoint {
+        path: path.clone(),
+        message: format!("invalid data metadata: {e}"),
+    })?;
+    if saved.tokenizer != meta.tokenizer {
+        return Err(TrainError::Checkpoint {
+            path,
+            message: format!(
+                "the data's tokenizer ({}) is not the run's ({}): a run continues on data tokenized the same way",
+                meta.tokenizer.kind(),
+                saved.tokenizer.kind()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The model and seed of a resumed run must be the checkpoint's, and so must the data.
+fn check_resumable(
+    config: &RunConfig,
+    state: &TrainState,
+    dir: &Path,
+    data_tokens: (u64, u64),
+) -> Result<(), TrainError> {
+    let saved = RunConfig::load(&dir.join(files::CONFIG), &[])?;
+    let mismatch = |message: String| Err(TrainError::Checkpoint { path: dir.into(), message });
+    if saved.model != config.model {
+        return mismatch(format!(
+            "the model cannot change when resuming: checkpoint has {:?}, config has {:?}",
+            saved.model, config.model
+        ));
+    }
+    if state.seed != config.seed {
+        return mismatch(format!(
+            "seed {} differs from the checkpoint's {}: the run would not continue the same data order",
+            config.seed, state.seed
+        ));
+    }
+    if state.data_tokens != data_tokens {
+        return mismatch(format!(
+            "the prepared data changed since the checkpoint: it had {:?} train/val tokens, now {:?}",
+            state.data_tokens, data_tokens
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,37 @@
+//! # step — one optimizer step and what it is made of
+//!
+//! [`optimizer_step`] runs the six steps of the training iteration in order — data, forward,
+//! loss, backward, gradient sync, optimizer — and is the only implementation of the step:
+//! `ember train`'s loop, `ember bench`, `ember verify` and the burn-train strategy all call it.
+//!
+//! - [`train_step`](mod@train_step): the step, [`StepTarget`] (what it updates), [`global_gradients`];
+//! - [`loss`]: Σ NLL over the scored targets (the mean is taken over the *global* batch);
+//! - [`optim`]: AdamW in two decay groups, global-norm clipping;
+//! - [`schedule`]: warmup + cosine, advanced once per optimizer step;
+//! - [`sync`]: the gradient exchange as the step sees it ([`GradSync`], [`Solo`]);
+//! - [`batch`], [`eval`]: host batches to tensors; the validation loss.
+//!
+//! May use: [`crate::config`], [`crate::observe`], [`crate::error`]. Knows no ranks' transport
+//! (that is [`crate::parallel`]), no files and no run loop.
+
+pub mod batch;
+pub mod eval;
+pub mod loss;
+pub mod optim;
+pub mod schedule;
+pub mod sync;
+pub mod train_step;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{ElementConversion, Tensor};
+
+pub use sync::{Contribution, Exchanged, GradSync, Solo};
+pub use train_step::{
+    accumulate, batch_nll, forward_backward, global_gradients, optimizer_step, train_step, GlobalGradients,
+    StepOutput, StepSettings, StepTarget, Trainee,
+};
+
+/// The value of a `[1]` tensor, read back to the host (a device sync).
+pub fn scalar<B: Backend>(t: Tensor<B, 1>) -> f64 {
+    t.into_scalar().elem()
+}
