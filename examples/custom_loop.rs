@@ -19,8 +19,8 @@ use ember_model::{LanguageModel, ModelConfig};
 use ember_train::config::OptimizerConfig;
 use ember_train::step::optim::AdamWGroups;
 use ember_train::step::schedule::LrSchedule;
-use ember_train::step::{train_step, StepSettings};
 use ember_train::step::{scalar, Solo};
+use ember_train::step::{train_step, StepSettings};
 
 mod sample_text;
 use sample_text::{corpus_from_args, prepare_chars};

@@ -53,7 +53,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let config = RunConfig::load(&args.config, &args.set)?;
     warn_missing_data(&config);
-    let r = ember_train::tools::commands::bench_run(config, args.steps, args.warmup, args.backend, args.peak_flops)?;
+    let r = ember_train::tools::commands::bench_run(
+        config,
+        args.steps,
+        args.warmup,
+        args.backend,
+        args.peak_flops,
+    )?;
     if args.json {
         out!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());

@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use ember_train::Controls;
+use ember_train::config::HostPort;
 use ember_train::persist::files;
+use ember_train::Controls;
 use ember_train::{RunConfig, RunOptions};
 
 /// Arguments of `ember train`.
@@ -41,7 +42,7 @@ pub struct TrainArgs {
     node_rank: Option<usize>,
     /// The orchestrator's address. Sets `parallel.coordinator`.
     #[arg(long, value_name = "HOST:PORT")]
-    coordinator: Option<String>,
+    coordinator: Option<HostPort>,
     /// Show the dashboard even when stdout is not a terminal.
     #[arg(long, conflicts_with = "no_tui")]
     tui: bool,
@@ -57,7 +58,7 @@ impl TrainArgs {
         set.extend(self.devices.map(|n| format!("devices={n}")));
         set.extend(self.nodes.map(|n| format!("parallel.nodes={n}")));
         set.extend(self.node_rank.map(|r| format!("parallel.node_rank={r}")));
-        set.extend(self.coordinator.as_ref().map(|c| format!("parallel.coordinator={c:?}")));
+        set.extend(self.coordinator.as_ref().map(|c| format!("parallel.coordinator=\"{c}\"")));
         set
     }
 }

@@ -66,7 +66,9 @@ pub enum TrainError {
     Weights(#[from] ember_model::hf::HfError),
     /// Another rank stopped with an error: this one stops too. The other rank's own error is
     /// the cause; this is the reaction to it.
-    #[error("data parallel: rank {rank} stopped with an error (see its message); stopping rank {this_rank} too")]
+    #[error(
+        "data parallel: rank {rank} stopped with an error (see its message); stopping rank {this_rank} too"
+    )]
     PeerFailed {
         /// The rank that failed.
         rank: usize,

@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use burn::data::dataloader::DataLoaderBuilder;
+use burn::data::dataloader::{DataLoader, DataLoaderBuilder};
 use burn::data::dataset::InMemDataset;
 use burn::module::AutodiffModule;
 use burn::tensor::backend::Backend;
@@ -34,9 +34,18 @@ fn rows(batch: &Batch) -> Vec<Row> {
     (0..batch.batch_size)
         .map(|r| {
             let span = r * batch.seq_len..(r + 1) * batch.seq_len;
-            Row { inputs: batch.inputs[span.clone()].to_vec(), targets: batch.targets[span].to_vec(), segments: None }
+            Row {
+                inputs: batch.inputs[span.clone()].to_vec(),
+                targets: batch.targets[span].to_vec(),
+                segments: None,
+            }
         })
         .collect()
+}
+
+/// Burn's `DataLoader` over `rows`, in order, `batch_size` rows a batch.
+fn loader<Bk: Backend>(rows: Vec<Row>, batch_size: usize) -> Arc<dyn DataLoader<Bk, Batch>> {
+    DataLoaderBuilder::new(WindowBatcher).batch_size(batch_size).build(InMemDataset::new(rows))
 }
 
 /// Burn's metric log `artifacts/train/epoch-1/Loss.log`: the first field of each line.
@@ -65,11 +74,13 @@ fn the_run_loop_bench_and_the_burn_train_strategy_take_the_same_step() {
     train::<B>(RunOptions::new(tiny_config(&data, &overrides), &run_dir), Vec::new(), &mut |_| {}).unwrap();
 
     // 1. The run loop: its logged losses and the weights of its last checkpoint.
-    let run_losses: Vec<f64> = read_records(&run_dir.join("metrics.jsonl"))
+    // The losses are f32 on the device; metrics.jsonl holds them as f64 text, which serde_json
+    // reads back to within an ulp of the f64, so they are compared in f32.
+    let run_losses: Vec<f32> = read_records(&run_dir.join("metrics.jsonl"))
         .unwrap()
         .into_iter()
         .filter_map(|r| match r {
-            Record::Train(t) => Some(t.loss),
+            Record::Train(t) => Some(t.loss as f32),
             Record::Eval(_) => None,
         })
         .collect();
@@ -91,34 +102,40 @@ fn the_run_loop_bench_and_the_burn_train_strategy_take_the_same_step() {
     let mut optimizer = AdamWGroups::new(&config.optimizer, &model);
     let mut bench_losses = Vec::new();
     for (i, micro_batches) in steps.iter().enumerate() {
-        let (next, out) = bench::step(model, &mut optimizer, &config, i as u64 + 1, micro_batches, &device).unwrap();
+        let (next, out) =
+            bench::step(model, &mut optimizer, &config, i as u64 + 1, micro_batches, &device).unwrap();
         model = next;
-        bench_losses.push(scalar(out.loss));
+        bench_losses.push(scalar(out.loss) as f32);
     }
     assert_eq!(bench_losses, run_losses, "bench's losses are the run loop's, bit for bit");
     assert!(flat_params(&model.valid()) == run_params, "bench ends at the run loop's weights, bit for bit");
 
     // 3. The burn-train strategy, its loader giving the same micro-batches in the same order.
     let all_rows: Vec<Row> = steps.iter().flatten().flat_map(rows).collect();
-    let loader = |rows: Vec<Row>| {
-        DataLoaderBuilder::new(WindowBatcher).batch_size(config.micro_batch_size).build(InMemDataset::new(rows))
-    };
     let ember_lm = EmberLm::new(initial);
     let schedule = WarmupCosine::new(LrSchedule::from_config(&config.optimizer, config.max_steps));
     let learner = Learner::new(ember_lm.clone(), AdamWGroups::new(&config.optimizer, &ember_lm), schedule);
     let artifacts = dir.path().join("burn");
     let strategy = EmberStrategy::<B>::new(device).with_grad_clip(config.optimizer.grad_clip);
-    let result = SupervisedTraining::new(&artifacts, loader(all_rows.clone()), loader(all_rows[..4].to_vec()))
+    let train_loader = loader::<B>(all_rows.clone(), config.micro_batch_size);
+    let valid_loader = loader::<burn::backend::Flex>(all_rows[..4].to_vec(), config.micro_batch_size);
+    let result = SupervisedTraining::new(&artifacts, train_loader, valid_loader)
         .metric_train_numeric(LossMetric::<burn::backend::Flex>::new())
         .grads_accumulation(config.accumulation_steps)
         .num_epochs(1)
         .with_training_strategy(TrainingStrategy::Custom(Arc::new(strategy)))
         .launch(learner);
-    assert!(flat_params(&result.model.model) == run_params, "burn-train ends at the run loop's weights, bit for bit");
+    assert!(
+        flat_params(&result.model.model) == run_params,
+        "burn-train ends at the run loop's weights, bit for bit"
+    );
     let logged = burn_losses(&artifacts);
     assert_eq!(logged.len(), STEPS);
     for (burn, run) in logged.iter().zip(&run_losses) {
         // burn-train's log holds the loss as text.
-        assert!((burn - run).abs() <= 1e-6 * run, "burn-train {logged:?} vs the run loop {run_losses:?}");
+        assert!(
+            (burn - *run as f64).abs() <= 1e-6 * *run as f64,
+            "burn-train {logged:?} vs the run loop {run_losses:?}"
+        );
     }
 }

@@ -11,8 +11,8 @@ use common::*;
 use ember_model::LanguageModel;
 use ember_train::observe::metrics::{read_records, Record, TrainRecord};
 use ember_train::parallel::{join, Faults, Group};
-use ember_train::step::{forward_backward, global_gradients, StepSettings};
 use ember_train::step::scalar;
+use ember_train::step::{forward_backward, global_gradients, StepSettings};
 use ember_train::tools::trained::{Source, Trained};
 use ember_train::{train, RunConfig, RunOptions, TrainError};
 

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::*;
-use ember_train::Controls;
 use ember_train::observe::metrics::{read_records, Record};
+use ember_train::Controls;
 use ember_train::{train, RunConfig, RunOptions, RunSummary};
 
 fn run(config: RunConfig, run_dir: &Path, resume: bool, controls: Arc<Controls>) -> RunSummary {

@@ -10,8 +10,8 @@ use burn::tensor::backend::Backend as _;
 use burn::tensor::{ElementConversion, Tensor, TensorData};
 use common::*;
 use ember_model::GptConfig;
-use ember_train::step::optim::{clip_grad_norm, AdamWGroups};
 use ember_train::step::forward_backward;
+use ember_train::step::optim::{clip_grad_norm, AdamWGroups};
 use ember_train::OptimizerConfig;
 
 fn tiny_model(seed: u64) -> ember_model::LanguageModel<B> {

@@ -13,9 +13,9 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ember_train::Controls;
 use ember_train::observe::metrics::Record;
 use ember_train::persist::files;
+use ember_train::Controls;
 use ember_train::RunConfig;
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use ratatui::DefaultTerminal;
@@ -85,7 +85,12 @@ pub fn for_run(run_dir: &Path, config: Option<&RunConfig>) -> Dashboard {
         let _ = c.resolve_vocab(vocab);
     }
     let estimate = (c.model.vocab_size() > 0).then(|| {
-        ember_train::observe::accounting::estimate_run(&c, ember_train::observe::accounting::Precision::Fp32, c.peak_flops, 0.4)
+        ember_train::observe::accounting::estimate_run(
+            &c,
+            ember_train::observe::accounting::Precision::Fp32,
+            c.peak_flops,
+            0.4,
+        )
     });
     let params = estimate.as_ref().map_or(String::new(), |e| format!(" · {} params", e.params));
     let summary = format!(

@@ -36,7 +36,8 @@ impl RunConfig {
                 arg.split_once('=')
                     .is_some_and(|(k, _)| k.trim() == key || key.starts_with(&format!("{}.", k.trim())))
             });
-            let source: std::path::PathBuf = set.map_or_else(|| path.into(), |arg| format!("--set {arg}").into());
+            let source: std::path::PathBuf =
+                set.map_or_else(|| path.into(), |arg| format!("--set {arg}").into());
             ConfigError::at(source, key, message.lines().next().unwrap_or_default().trim())
         };
         let (model, vocab) = match table.remove("model") {

@@ -6,7 +6,7 @@
 //! - [`schema`]: every key, its default and unit ([`RunConfig`], [`OptimizerConfig`]);
 //! - [`parallel`]: `devices` and `[parallel]`, with the parsed [`HostPort`];
 //! - `model`, `load`, `validate`, `vocab`: reading, checking, and settling the vocabulary;
-//! - [`error`]: [`ConfigError`].
+//! - [`error`] holds [`ConfigError`].
 //!
 //! May use: `ember-model` (model configs and presets), `ember-data` (tokenizer names, the
 //! prepared data's vocabulary). Nothing else of this crate.

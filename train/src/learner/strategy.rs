@@ -9,8 +9,8 @@ use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn_train::{
     EventProcessorTraining, InferenceStep, Interrupter, Learner, LearnerEvent, LearningComponentsMarker,
-    SupervisedLearningStrategy, SupervisedTrainingEventProcessor, TrainLoader, TrainingComponents, TrainingItem,
-    ValidLoader,
+    SupervisedLearningStrategy, SupervisedTrainingEventProcessor, TrainLoader, TrainingComponents,
+    TrainingItem, ValidLoader,
 };
 use ember_data::Batch;
 use ember_model::LanguageModel;

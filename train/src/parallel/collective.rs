@@ -81,9 +81,8 @@ impl<B: AutodiffBackend> CollectivePeer<B> {
         let registered = background(move || {
             collective::register::<B::InnerBackend>(peer, inner, config).map_err(|e| format!("{e:?}"))
         });
-        wait(registered, timeout, rank, "while joining the other ranks")?.map_err(|e| TrainError::Exchange {
-            rank,
-            message: format!("cannot join the collective: {}", explain(&e)),
+        wait(registered, timeout, rank, "while joining the other ranks")?.map_err(|e| {
+            TrainError::Exchange { rank, message: format!("cannot join the collective: {}", explain(&e)) }
         })?;
         Ok(Self {
             peer,
@@ -122,11 +121,12 @@ impl<B: AutodiffBackend> CollectivePeer<B> {
         let reduced = background(move || {
             collective::all_reduce::<B::InnerBackend>(peer, primitive, ReduceOperation::Sum)
         });
-        let reduced =
-            wait(reduced, self.timeout, self.rank, "in the all-reduce")?.map_err(|e| TrainError::Exchange {
+        let reduced = wait(reduced, self.timeout, self.rank, "in the all-reduce")?.map_err(|e| {
+            TrainError::Exchange {
                 rank: self.rank,
                 message: format!("the all-reduce failed ({e:?}; a rank stopped or disconnected)"),
-            })?;
+            }
+        })?;
         if self.rounds.len() > 1 {
             // Leave and register again for the next step (see the type's documentation).
             let (peer, device, barrier) = (self.peer, self.device.clone(), self.local_barrier.clone());
@@ -262,4 +262,3 @@ fn wait<T>(rx: mpsc::Receiver<T>, timeout: Duration, rank: usize, what: &str) ->
         },
     })
 }
-

@@ -64,10 +64,18 @@ mod tests {
     #[test]
     fn settings_hash_covers_shared_keys_and_ignores_node_local_ones() {
         let base = settings_hash(&config(&["parallel.nodes=2"]));
-        for shared in ["micro_batch_size=3", "optimizer.lr=0.1", "model.dropout=0.2", "log_every=7", "document_masking=true"] {
+        for shared in [
+            "micro_batch_size=3",
+            "optimizer.lr=0.1",
+            "model.dropout=0.2",
+            "log_every=7",
+            "document_masking=true",
+        ] {
             assert_ne!(settings_hash(&config(&["parallel.nodes=2", shared])), base, "{shared} is shared");
         }
-        for local in ["parallel.node_rank=1", "data=\"/elsewhere\"", "parallel.node_address=\"10.0.0.2\"", "device=3"] {
+        for local in
+            ["parallel.node_rank=1", "data=\"/elsewhere\"", "parallel.node_address=\"10.0.0.2\"", "device=3"]
+        {
             assert_eq!(settings_hash(&config(&["parallel.nodes=2", local])), base, "{local} is node-local");
         }
     }

@@ -124,4 +124,3 @@ pub fn join<B: AutodiffBackend>(
         strategy,
     )
 }
-

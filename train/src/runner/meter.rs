@@ -85,7 +85,12 @@ impl Meter {
     }
 
     /// Adds an optimizer step that took `step_s` seconds, `data_wait` of them waiting for data.
-    pub fn step<B: burn::tensor::backend::Backend>(&mut self, step_s: f64, data_wait: Duration, out: &StepOutput<B>) {
+    pub fn step<B: burn::tensor::backend::Backend>(
+        &mut self,
+        step_s: f64,
+        data_wait: Duration,
+        out: &StepOutput<B>,
+    ) {
         let i = &mut self.interval;
         i.tokens += self.processed;
         i.seconds += step_s;
@@ -113,7 +118,11 @@ impl Meter {
 
     /// The record of a logged step, from the interval since the previous one (then reset).
     /// MFU = FLOPs per token × tokens/s ÷ (peak FLOP/s × ranks) (PaLM, Appendix B).
-    pub fn record<B: AutodiffBackend>(&mut self, logged: Logged<'_, B>, all_reduce_calls: usize) -> TrainRecord {
+    pub fn record<B: AutodiffBackend>(
+        &mut self,
+        logged: Logged<'_, B>,
+        all_reduce_calls: usize,
+    ) -> TrainRecord {
         let i = std::mem::take(&mut self.interval);
         let seconds = i.seconds.max(1e-9);
         let tokens_per_sec = i.tokens as f64 / seconds;

@@ -225,13 +225,17 @@ impl<B: AutodiffBackend> Replicas<'_, B> {
                 };
                 let replica = self.replica(&self.start.model, first_rank, &devices[0])?;
                 log(&replica.feed.description);
-                let leader = leader.map(|(metrics, val, run_dir)| Leader { log: &mut *log, metrics, val, run_dir });
+                let leader =
+                    leader.map(|(metrics, val, run_dir)| Leader { log: &mut *log, metrics, val, run_dir });
                 run_replica(self.plan, replica, self.start.model.clone(), leader)
             })();
             let mut results = vec![ours];
             for (i, follower) in followers.into_iter().enumerate() {
                 results.push(follower.join().unwrap_or_else(|_| {
-                    Err(TrainError::Exchange { rank: first_rank + i + 1, message: "its thread panicked".into() })
+                    Err(TrainError::Exchange {
+                        rank: first_rank + i + 1,
+                        message: "its thread panicked".into(),
+                    })
                 }));
             }
             let mut errors: Vec<TrainError> = Vec::new();
@@ -256,9 +260,15 @@ impl<B: AutodiffBackend> Replicas<'_, B> {
     /// The replica of rank `rank` on `device`: its optimizer for `model` (restored from the
     /// checkpoint resumed), its data shard, and its link to the other ranks (with the faults to
     /// inject, if any).
-    fn replica(&self, model: &LanguageModel<B>, rank: usize, device: &B::Device) -> Result<Replica<B>, TrainError> {
+    fn replica(
+        &self,
+        model: &LanguageModel<B>,
+        rank: usize,
+        device: &B::Device,
+    ) -> Result<Replica<B>, TrainError> {
         let config = self.plan.config;
-        let feed = Feed::start(self.data.clone(), config, self.plan.start.sampler, rank, config.world_size())?;
+        let feed =
+            Feed::start(self.data.clone(), config, self.plan.start.sampler, rank, config.world_size())?;
         let mut optimizer = AdamWGroups::new(&config.optimizer, model);
         if let Some(dir) = &self.start.resume_dir {
             optimizer = checkpoint::load_optimizer(dir, optimizer, device)?;

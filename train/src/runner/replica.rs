@@ -157,7 +157,14 @@ fn train_loop<B: AutodiffBackend>(
         let last = step == config.max_steps || out.stop;
         meter.step(started.elapsed().as_secs_f64(), data_wait, &out);
         if let Some(leader) = leader.as_mut() {
-            let done = StepDone { step, lr: settings.lr, param_hash: settings.param_hash, out: &out, data_wait, last };
+            let done = StepDone {
+                step,
+                lr: settings.lr,
+                param_hash: settings.param_hash,
+                out: &out,
+                data_wait,
+                last,
+            };
             if let Some(val_loss) = leader.after_step(plan, &mut meter, done, &state, &model, r)? {
                 final_val_loss = Some(val_loss);
             }

@@ -79,9 +79,10 @@ pub(super) fn start<B: AutodiffBackend>(
     // each local replica (other processes build them the same way); the first step compares
     // the replicas' parameter hashes.
     B::seed(device, config.seed);
-    let mut model: LanguageModel<B> = config.model.init(device).map_err(|e| {
-        ConfigError::at(&config.origin.path, format!("model.{}", e.field), e.message)
-    })?;
+    let mut model: LanguageModel<B> = config
+        .model
+        .init(device)
+        .map_err(|e| ConfigError::at(&config.origin.path, format!("model.{}", e.field), e.message))?;
     let data_tokens = (data.meta.train_tokens, data.meta.total_tokens - data.meta.train_tokens);
     let world_size = config.world_size();
     let mut state = TrainState {
@@ -141,7 +142,11 @@ pub(super) fn start<B: AutodiffBackend>(
 /// tokenizer than the config's `tokenizer`.
 pub fn open_data(config: &mut RunConfig, run_dir: &Path) -> Result<PreparedData, TrainError> {
     let given = config.data.clone().ok_or_else(|| {
-        ConfigError::at(&config.origin.path, "data", "missing: set `data` in the config or pass --data DIR|FILE")
+        ConfigError::at(
+            &config.origin.path,
+            "data",
+            "missing: set `data` in the config or pass --data DIR|FILE",
+        )
     })?;
     let dir = if given.is_file() {
         let out = run_dir.join("data");

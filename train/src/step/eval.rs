@@ -5,8 +5,8 @@ use burn::tensor::{ElementConversion, Tensor};
 use ember_data::{DataView, EpochSampler, SamplerState};
 use ember_model::LanguageModel;
 
-use crate::error::TrainError;
 use super::train_step::batch_nll;
+use crate::error::TrainError;
 
 /// Mean NLL in nats/token over `batches` batches of `batch_size` rows of `view`: Σ NLL over
 /// all scored targets ÷ their number. The batches are the first of `seed`'s epoch-0 order, so

@@ -78,9 +78,10 @@ pub fn bench<B: AutodiffBackend>(
 ) -> Result<BenchReport, TrainError> {
     let baseline_rss_bytes = rss_bytes("VmRSS:").unwrap_or(0);
     B::seed(device, config.seed);
-    let mut model: LanguageModel<B> = config.model.init(device).map_err(|e| {
-        ConfigError::at(&config.origin.path, format!("model.{}", e.field), e.message)
-    })?;
+    let mut model: LanguageModel<B> = config
+        .model
+        .init(device)
+        .map_err(|e| ConfigError::at(&config.origin.path, format!("model.{}", e.field), e.message))?;
     let mut optimizer = AdamWGroups::new(&config.optimizer, &model);
     let (vocab, seq_len) = (config.model.vocab_size(), config.model.block_size());
     let mut rng = ChaCha8Rng::seed_from_u64(config.seed);

@@ -134,14 +134,7 @@ pub fn bench_run(
         type Output = BenchReport;
         fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Result<Self::Output, TrainError> {
             let device = devices.into_iter().next().expect("one device");
-            bench::<B>(
-                &self.config,
-                self.steps,
-                self.warmup,
-                self.peak_flops,
-                &device,
-                self.name,
-            )
+            bench::<B>(&self.config, self.steps, self.warmup, self.peak_flops, &device, self.name)
         }
     }
     let kind = backend.unwrap_or(config.backend);
