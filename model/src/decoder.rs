@@ -6,8 +6,8 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor};
 
-use crate::attention::{KvCache, LayerCache};
-use crate::packing::Packing;
+use crate::attention::{first_position, KvCache, LayerCache};
+use crate::packing::{positions, Packing};
 
 /// A decoder-only language model: an architecture gives its hidden states and head, and gets
 /// the forward passes.
@@ -67,6 +67,22 @@ pub trait Decoder<B: Backend> {
     fn new_cache(&self) -> KvCache<B> {
         KvCache::new(self.n_layer())
     }
+}
+
+/// The positions of `tokens` (`[batch, seq_len]`): after the cached ones, or restarting at each
+/// document of a packed row; `[1 or batch, seq_len]`.
+///
+/// # Panics
+/// If the cached and new positions exceed `block_size`.
+pub(crate) fn new_positions<B: Backend>(
+    tokens: &Tensor<B, 2, Int>,
+    cache: &Option<&mut KvCache<B>>,
+    packing: Option<&Packing<B>>,
+    block_size: usize,
+) -> Tensor<B, 2, Int> {
+    let [_, seq_len] = tokens.dims();
+    let start = first_position(cache, seq_len, block_size);
+    positions(packing, start, seq_len, &tokens.device())
 }
 
 /// Runs `n_layer` blocks over `x` (`[batch, seq_len, d_model]`), block `i` as

@@ -7,11 +7,11 @@ use burn::tensor::{Int, Tensor};
 
 use super::block::{layer_norm, Block};
 use super::config::GptConfig;
-use crate::attention::{first_position, KvCache};
-use crate::decoder::{through_blocks, Decoder};
+use crate::attention::KvCache;
+use crate::decoder::{new_positions, through_blocks, Decoder};
 use crate::error::ConfigError;
 use crate::init;
-use crate::packing::{positions, Packing};
+use crate::packing::Packing;
 
 /// A GPT-2-style decoder-only Transformer (Radford et al. 2019; nanoGPT `model.py`).
 ///
@@ -62,9 +62,7 @@ impl<B: Backend> Decoder<B> for Gpt<B> {
         cache: Option<&mut KvCache<B>>,
         packing: Option<&Packing<B>>,
     ) -> Tensor<B, 3> {
-        let [_, seq_len] = tokens.dims();
-        let start = first_position(&cache, seq_len, self.block_size);
-        let positions = positions(packing, start, seq_len, &tokens.device());
+        let positions = new_positions(&tokens, &cache, packing, self.block_size);
         let x = self.wte.forward(tokens) + self.wpe.forward(positions); // [B, T, C] + [1 or B, T, C]
         let x = self.drop.forward(x);
         let mask = packing.map(|p| &p.mask);

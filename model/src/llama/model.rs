@@ -8,11 +8,11 @@ use burn::tensor::{Int, Tensor};
 use super::block::{rms_norm, LlamaLayer};
 use super::config::LlamaConfig;
 use super::rope::rope_tables;
-use crate::attention::{first_position, KvCache};
-use crate::decoder::{through_blocks, Decoder};
+use crate::attention::KvCache;
+use crate::decoder::{new_positions, through_blocks, Decoder};
 use crate::error::ConfigError;
 use crate::init;
-use crate::packing::{positions, Packing};
+use crate::packing::Packing;
 
 /// The body of a Llama model (Hugging Face `LlamaModel`, saved under `model.`).
 #[derive(Module, Debug)]
@@ -70,9 +70,7 @@ impl<B: Backend> Decoder<B> for Llama<B> {
         cache: Option<&mut KvCache<B>>,
         packing: Option<&Packing<B>>,
     ) -> Tensor<B, 3> {
-        let [_, seq_len] = tokens.dims();
-        let start = first_position(&cache, seq_len, self.block_size);
-        let positions = positions(packing, start, seq_len, &tokens.device());
+        let positions = new_positions(&tokens, &cache, packing, self.block_size);
         let x = self.model.embed_tokens.forward(tokens);
         let d_head = x.dims()[2] / self.n_head;
         let (cos, sin) = rope_tables(positions, d_head, self.rope_theta);
