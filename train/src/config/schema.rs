@@ -124,7 +124,7 @@ pub struct RunConfig {
     #[serde(default)]
     pub parallel: ParallelConfig,
     /// The model (`[model]`): `arch` (`"gpt2"`, the default, or `"llama"`), a `preset` name
-    /// and/or explicit fields of [`GptConfig`] / [`LlamaConfig`]. `vocab_size` may be
+    /// and/or explicit fields of [`ember_model::GptConfig`] / [`ember_model::LlamaConfig`]. `vocab_size` may be
     /// omitted: see [`RunConfig::resolve_vocab`].
     pub model: ModelConfig,
     /// Hugging Face safetensors weights to start from instead of a random initialization

@@ -19,10 +19,10 @@ use crate::step::{accumulate, batch_nll, forward_backward};
 /// An Ember [`LanguageModel`] as a burn-train model. Input: one micro-batch of token rows
 /// ([`Batch`], `[batch_size, seq_len]`, host-side); output: [`LmOutput`].
 ///
-/// Under [`EmberStrategy`] the gradient is taken over all micro-batches of an optimizer step
+/// Under [`EmberStrategy`](super::EmberStrategy) the gradient is taken over all micro-batches of an optimizer step
 /// at once. Under burn-train's default strategies each `step` is one micro-batch's token-mean
 /// loss and gradient (with its gradient norm), and burn-train's loop then advances the
-/// learning rate per micro-batch and averages per-batch means: use [`EmberStrategy`] for
+/// learning rate per micro-batch and averages per-batch means: use [`EmberStrategy`](super::EmberStrategy) for
 /// Ember's semantics.
 #[derive(Module, Debug)]
 pub struct EmberLm<B: Backend> {

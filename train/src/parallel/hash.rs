@@ -8,25 +8,31 @@ use ember_model::LanguageModel;
 
 use crate::config::{Devices, RunConfig};
 
+/// FNV-1a's 64-bit offset basis: the hash of no bytes.
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// 64-bit FNV-1a (Fowler–Noll–Vo): `hash` continued over `bytes`.
+fn fnv1a(hash: u64, bytes: &[u8]) -> u64 {
+    bytes.iter().fold(hash, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
 /// A 64-bit FNV-1a hash of every parameter's bytes in module order: equal on two replicas
 /// exactly when their parameters are bit-identical (up to hash collisions).
 pub fn param_hash<B: Backend>(model: &LanguageModel<B>) -> u64 {
     struct Hash(u64);
     impl<B: Backend> ModuleVisitor<B> for Hash {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            for &byte in param.val().into_data().as_bytes() {
-                self.0 = (self.0 ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
-            }
+            self.0 = fnv1a(self.0, param.val().into_data().as_bytes());
         }
     }
-    let mut hash = Hash(0xcbf2_9ce4_8422_2325);
+    let mut hash = Hash(FNV_OFFSET);
     model.visit(&mut hash);
     hash.0
 }
 
 /// A 64-bit FNV-1a hash of `text` (run settings that every rank must share).
 pub fn text_hash(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    fnv1a(FNV_OFFSET, text.as_bytes())
 }
 
 /// The hash of the settings every rank must share: the whole resolved configuration as TOML,
@@ -59,6 +65,13 @@ mod tests {
         let text = "max_steps = 5\nmicro_batch_size = 2\n[model]\npreset = \"tiny\"\nvocab_size = 64\n";
         let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
         RunConfig::from_toml_str(text, Path::new("run.toml"), &overrides).unwrap()
+    }
+
+    #[test]
+    fn fnv1a_matches_the_reference_vectors() {
+        // From the FNV reference test suite (Fowler, Noll, Vo): "" and "a".
+        assert_eq!(text_hash(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(text_hash("a"), 0xaf63_dc4c_8601_ec8c);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! [`train`] sets the run up ([`setup`]: devices, data, vocabulary, model, resume checks, run
 //! files), starts one replica per device ([`replica`]: the loop body, logging through a
-//! [`meter`]), and reports how the run ended. [`feed`] builds each rank's batches ahead on a
+//! `meter`), and reports how the run ended. [`feed`] builds each rank's batches ahead on a
 //! background thread; [`controls`] carries stop, checkpoint and pause requests from other
 //! threads (Ctrl-C, the dashboard).
 //!

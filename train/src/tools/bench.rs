@@ -1,5 +1,5 @@
 //! `ember bench`: optimizer steps on random tokens, timed by phase, with throughput, MFU and
-//! peak memory beside the [`crate::accounting`] estimate.
+//! peak memory beside the [`crate::observe::accounting`] estimate.
 
 use std::time::{Duration, Instant};
 
@@ -159,10 +159,10 @@ pub fn bench<B: AutodiffBackend>(
 }
 
 /// `ember bench`'s optimizer step `step` of `config` on `micro_batches`: Ember's one
-/// [`train_step`], one worker, at the peak learning rate, each phase timed (it waits for the
+/// [`train_step()`], one worker, at the peak learning rate, each phase timed (it waits for the
 /// device at the end of each).
 ///
-/// Errors: as [`train_step`].
+/// Errors: as [`train_step()`].
 pub fn step<B: AutodiffBackend>(
     model: LanguageModel<B>,
     optimizer: &mut AdamWGroups<LanguageModel<B>, B>,

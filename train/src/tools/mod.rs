@@ -2,7 +2,7 @@
 //!
 //! - [`commands`]: `ember train`, `eval`, `sample` and `bench` on the configured backend;
 //! - [`backend`]: choosing the backend (`flex`, `cuda`) at run time;
-//! - [`bench`]: timed optimizer steps on random tokens (Ember's one step, phases, MFU, memory);
+//! - [`bench`](mod@bench): timed optimizer steps on random tokens (Ember's one step, phases, MFU, memory);
 //! - [`verify`]: numerical parity with a PyTorch fixture;
 //! - [`trained`], [`sample`], [`export`]: a trained model loaded, sampled, exported.
 //!
