@@ -12,8 +12,8 @@
 pub mod controls;
 pub mod feed;
 mod meter;
-pub mod replica;
-pub mod setup;
+mod replica;
+mod setup;
 
 use std::path::PathBuf;
 use std::sync::Arc;
