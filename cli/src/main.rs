@@ -159,6 +159,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tokenizer(args) => tokenizer::run(args),
         Command::Train(args) => train::run(args),
         Command::Eval { source, batches, backend } => {
+            if batches == Some(0) {
+                anyhow::bail!("--batches 0: expected at least 1 batch per split");
+            }
             let report = ember_train::tools::commands::eval_run(source.source(), batches, backend)?;
             out!(
                 "step {}: train loss {:.4} (ppl {:.2}), val loss {:.4} (ppl {:.2}) over {} batches each",

@@ -109,9 +109,11 @@ fn bad_addresses_and_vocabularies_say_what_was_expected() {
     assert!(err.contains("--bind \"65535\": expected [HOST:]PORT (PORT below 65534)"), "{err}");
     let err = fails(&["train", "--config", "tiny.toml", "--set", "model.vocab_size=5"], w);
     assert!(
-        err.contains("tiny.toml: key `model.vocab_size`: 5 is smaller than the prepared data's vocabulary ("),
+        err.contains("--set model.vocab_size=5: key `model.vocab_size`: 5 is smaller than the prepared data's vocabulary ("),
         "{err}"
     );
+    let out = ember(&["eval", "--run", "no-run", "--batches", "0"], w);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--batches 0: expected at least 1"), "{out:?}");
 }
 
 #[test]

@@ -126,6 +126,7 @@ fn resuming_with_another_model_is_an_error() {
     let options = RunOptions::new(config, run_dir).resuming();
     let err = train::<B>(options, Default::default(), &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("model cannot change"), "{err}");
+    assert!(err.ends_with("model.n_layer: checkpoint 2, config 3"), "the differing key, named: {err}");
 }
 
 #[test]

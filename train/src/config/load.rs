@@ -6,7 +6,7 @@ use std::path::Path;
 
 use super::error::ConfigError;
 use super::model::resolve_model;
-use super::schema::{Origin, RunConfig};
+use super::schema::{Origin, RunConfig, VocabSource};
 
 impl RunConfig {
     /// Reads `path`, applies `overrides` (`key=value`, dotted keys, TOML values; a value that
@@ -31,15 +31,9 @@ impl RunConfig {
             apply_override(&mut table, arg)?;
         }
         // A bad value set with --set is reported as such, not as the file's.
-        let key_err = |key: &str, message: String| {
-            let set = overrides.iter().rev().find(|arg| {
-                arg.split_once('=')
-                    .is_some_and(|(k, _)| k.trim() == key || key.starts_with(&format!("{}.", k.trim())))
-            });
-            let source: std::path::PathBuf =
-                set.map_or_else(|| path.into(), |arg| format!("--set {arg}").into());
-            ConfigError::at(source, key, message.lines().next().unwrap_or_default().trim())
-        };
+        let origin = Origin { path: path.into(), overrides: overrides.to_vec(), vocab: VocabSource::Given };
+        let key_err =
+            |key: &str, message: String| origin.at(key, message.lines().next().unwrap_or_default().trim());
         let (model, vocab) = match table.remove("model") {
             Some(toml::Value::Table(model)) => resolve_model(model).map_err(|(k, m)| key_err(&k, m))?,
             Some(_) => return Err(key_err("model", "must be a table ([model])".into())),
@@ -49,13 +43,19 @@ impl RunConfig {
         table.insert("model".into(), toml::Value::Table(model));
         let mut config: RunConfig =
             serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
-                let key = e.path().to_string();
-                key_err(if key == "." { "(top level)" } else { &key }, e.inner().to_string())
+                let (key, message) = (e.path().to_string(), e.inner().to_string());
+                // serde names a missing top-level key only in its message: "missing field `x`".
+                let missing = message.strip_prefix("missing field `").and_then(|m| m.split('`').next());
+                match (key.as_str(), missing) {
+                    (".", Some(field)) => key_err(field, "missing: this key is required".into()),
+                    (".", None) => key_err("(top level)", message),
+                    _ => key_err(&key, message),
+                }
             })?;
         if config.optimizer.lr_decay_steps.is_none() {
             config.optimizer.lr_decay_steps = Some(config.max_steps);
         }
-        config.origin = Origin { path: path.into(), vocab };
+        config.origin = Origin { vocab, ..origin.clone() };
         config.validate().map_err(|(k, m)| key_err(&k, m))?;
         Ok(config)
     }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use ember_model::ModelConfig;
 use serde::{Deserialize, Serialize};
 
+use super::error::ConfigError;
 use super::parallel::{Devices, ParallelConfig};
 
 /// Which Burn backend runs the model.
@@ -170,8 +171,25 @@ mod defaults {
 pub struct Origin {
     /// The TOML file (for a resumed run, `RUN_DIR/config.toml`).
     pub path: PathBuf,
+    /// The `--set key=value` overrides applied over the file, in order.
+    pub overrides: Vec<String>,
     /// How `model.vocab_size` is settled (see [`RunConfig::resolve_vocab`]).
     pub vocab: VocabSource,
+}
+
+impl Origin {
+    /// Key `key` is wrong, `message` says how: an error naming the last `--set` that gave the
+    /// key (or a table above it), else the file.
+    pub fn at(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        let set = self.overrides.iter().rev().find(|arg| {
+            arg.split_once('=').is_some_and(|(k, _)| {
+                let k = k.trim();
+                k == key || key.starts_with(&format!("{k}."))
+            })
+        });
+        let source: PathBuf = set.map_or_else(|| self.path.clone(), |arg| format!("--set {arg}").into());
+        ConfigError::at(source, key, message)
+    }
 }
 
 /// Where `model.vocab_size` comes from.

@@ -189,3 +189,28 @@ fn a_vocabulary_smaller_than_the_datas_names_the_file_and_both_sizes() {
     let err = unknown.resolve_vocab(None).unwrap_err().to_string();
     assert!(err.starts_with("run.toml: key `model.vocab_size`: unknown"), "{err}");
 }
+
+#[test]
+fn data_ports_past_65535_are_an_error_naming_the_key() {
+    let err = load(BASE, &["parallel.nodes=2", "parallel.coordinator=\"h:65533\""]).unwrap_err().to_string();
+    assert!(err.contains("key `parallel.data_port`") && err.contains("would reach 65538"), "{err}");
+    let err = load(BASE, &["parallel.nodes=2", "parallel.data_port=65534"]).unwrap_err().to_string();
+    assert!(err.starts_with("--set parallel.data_port=65534: key `parallel.data_port`"), "{err}");
+    assert!(load(BASE, &["parallel.nodes=2", "parallel.data_port=65532"]).is_ok(), "65532..=65535");
+}
+
+#[test]
+fn a_missing_required_key_is_named() {
+    let err = load("micro_batch_size = 1\n[model]\npreset = \"tiny\"\n", &[]).unwrap_err().to_string();
+    assert_eq!(err, "run.toml: key `max_steps`: missing: this key is required");
+}
+
+#[test]
+fn a_value_set_on_the_command_line_is_blamed_on_the_set_even_after_loading() {
+    let mut c = load(BASE, &["model.vocab_size=5"]).unwrap();
+    let err = c.resolve_vocab(Some(66)).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "--set model.vocab_size=5: key `model.vocab_size`: 5 is smaller than the prepared data's vocabulary (66 tokens)"
+    );
+}

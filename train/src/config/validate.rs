@@ -32,6 +32,15 @@ impl RunConfig {
         positive("devices", self.devices.indices(self.device).len() as u64)?;
         positive("parallel.nodes", self.parallel.nodes as u64)?;
         positive("parallel.timeout_s", self.parallel.timeout_s)?;
+        if let Some(last) = self.last_data_port().filter(|&p| p > u32::from(u16::MAX)) {
+            return Err((
+                "parallel.data_port",
+                format!(
+                    "the data-service ports (parallel.data_port, default the coordinator's port + 2; two per node) would reach {last}: choose ports at most 65535 for all {} nodes",
+                    self.parallel.nodes
+                ),
+            ));
+        }
         if self.parallel.node_rank >= self.parallel.nodes {
             return Err((
                 "parallel.node_rank",
@@ -78,5 +87,15 @@ impl RunConfig {
             ));
         }
         Ok(())
+    }
+}
+
+impl RunConfig {
+    /// The last data-service port of the last node when there are several: `data_port` (else
+    /// the coordinator's port + 2) + 2 × (nodes − 1) + 1.
+    fn last_data_port(&self) -> Option<u32> {
+        let p = &self.parallel;
+        let first = p.data_port.map_or(u32::from(p.coordinator.port) + 2, u32::from);
+        (p.nodes > 1).then(|| first + 2 * (p.nodes as u32 - 1) + 1)
     }
 }

@@ -21,13 +21,12 @@ impl RunConfig {
         if let VocabSource::Pending { preset } = self.origin.vocab {
             let size = match (&self.init_from, preset, data_vocab) {
                 (Some(weights), _, _) => ember_model::hf::vocab_size(weights)
-                    .map_err(|e| ConfigError::at(&self.origin.path, "init_from", e.to_string()))?,
+                    .map_err(|e| self.origin.at("init_from", e.to_string()))?,
                 (None, Some(preset), Some(data)) if preset >= data => preset,
                 (None, _, Some(data)) => data,
                 (None, Some(preset), None) => preset,
                 (None, None, None) => {
-                    return Err(ConfigError::at(
-                        &self.origin.path,
+                    return Err(self.origin.at(
                         key,
                         "unknown: set it (--set model.vocab_size=N), name a preset, or point `data` at a prepared directory",
                     ))
@@ -38,11 +37,9 @@ impl RunConfig {
         }
         let size = self.model.vocab_size();
         match data_vocab {
-            Some(data) if size < data => Err(ConfigError::at(
-                &self.origin.path,
-                key,
-                format!("{size} is smaller than the prepared data's vocabulary ({data} tokens)"),
-            )),
+            Some(data) if size < data => Err(self
+                .origin
+                .at(key, format!("{size} is smaller than the prepared data's vocabulary ({data} tokens)"))),
             _ => Ok(()),
         }
     }

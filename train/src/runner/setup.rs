@@ -66,7 +66,7 @@ pub(super) fn start<B: AutodiffBackend>(
     }
     if config.parallel.nodes > 1 && config.data.as_deref().is_some_and(Path::is_file) {
         let message = "several nodes need prepared data (run `ember prepare` once), not a text file";
-        return Err(ConfigError::at(&config.origin.path, "data", message).into());
+        return Err(config.origin.at("data", message).into());
     }
     let data = open_data(config, run_dir)?;
     if resume {
@@ -79,10 +79,8 @@ pub(super) fn start<B: AutodiffBackend>(
     // each local replica (other processes build them the same way); the first step compares
     // the replicas' parameter hashes.
     B::seed(device, config.seed);
-    let mut model: LanguageModel<B> = config
-        .model
-        .init(device)
-        .map_err(|e| ConfigError::at(&config.origin.path, format!("model.{}", e.field), e.message))?;
+    let mut model: LanguageModel<B> =
+        config.model.init(device).map_err(|e| config.origin.at(&format!("model.{}", e.field), e.message))?;
     let data_tokens = (data.meta.train_tokens, data.meta.total_tokens - data.meta.train_tokens);
     let world_size = config.world_size();
     let mut state = TrainState {
@@ -109,7 +107,7 @@ pub(super) fn start<B: AutodiffBackend>(
                 "{} is not beyond the checkpoint's step {}: nothing to train; raise it with --set max_steps=N",
                 config.max_steps, state.step
             );
-            return Err(ConfigError::at(&config.origin.path, "max_steps", message).into());
+            return Err(config.origin.at("max_steps", message).into());
         }
         model = checkpoint::load_model(&dir, model, device)?;
         if state.world_size != world_size {
@@ -239,8 +237,9 @@ fn check_resumable(
     let mismatch = |message: String| Err(TrainError::Checkpoint { path: dir.into(), message });
     if saved.model != config.model {
         return mismatch(format!(
-            "the model cannot change when resuming: checkpoint has {:?}, config has {:?}",
-            saved.model, config.model
+            "the model cannot change when resuming ({}): {}",
+            config.origin.path.display(),
+            model_differences(&saved.model, &config.model)
         ));
     }
     if state.seed != config.seed {
@@ -256,4 +255,19 @@ fn check_resumable(
         ));
     }
     Ok(())
+}
+
+/// The `[model]` keys whose values differ, as `model.KEY: checkpoint A, config B`.
+fn model_differences(saved: &ember_model::ModelConfig, now: &ember_model::ModelConfig) -> String {
+    let table = |m| toml::Table::try_from(m).expect("a model config serializes to a TOML table");
+    let (saved, now) = (table(saved), table(now));
+    let mut keys: Vec<&String> = saved.keys().chain(now.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let show = |v: Option<&toml::Value>| v.map_or("(none)".to_string(), toml::Value::to_string);
+    keys.into_iter()
+        .filter(|k| saved.get(*k) != now.get(*k))
+        .map(|k| format!("model.{k}: checkpoint {}, config {}", show(saved.get(k)), show(now.get(k))))
+        .collect::<Vec<_>>()
+        .join("; ")
 }

@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use crate::config::{ConfigError, RunConfig};
+use crate::config::RunConfig;
 use crate::error::TrainError;
 use crate::observe::accounting::{estimate, Estimate, Precision};
 use crate::observe::device::{device_memory, rss_bytes, DeviceMemory};
@@ -78,10 +78,8 @@ pub fn bench<B: AutodiffBackend>(
 ) -> Result<BenchReport, TrainError> {
     let baseline_rss_bytes = rss_bytes("VmRSS:").unwrap_or(0);
     B::seed(device, config.seed);
-    let mut model: LanguageModel<B> = config
-        .model
-        .init(device)
-        .map_err(|e| ConfigError::at(&config.origin.path, format!("model.{}", e.field), e.message))?;
+    let mut model: LanguageModel<B> =
+        config.model.init(device).map_err(|e| config.origin.at(&format!("model.{}", e.field), e.message))?;
     let mut optimizer = AdamWGroups::new(&config.optimizer, &model);
     let (vocab, seq_len) = (config.model.vocab_size(), config.model.block_size());
     let mut rng = ChaCha8Rng::seed_from_u64(config.seed);

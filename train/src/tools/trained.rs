@@ -94,9 +94,11 @@ impl Trained {
 
     /// The prepared data, for evaluation.
     pub fn data(&self) -> Result<PreparedData, TrainError> {
-        let dir = self.config.data.clone().ok_or_else(|| {
-            ConfigError::at(&self.config.origin.path, "data", "missing: evaluation needs prepared data")
-        })?;
+        let dir = self
+            .config
+            .data
+            .clone()
+            .ok_or_else(|| self.config.origin.at("data", "missing: evaluation needs prepared data"))?;
         Ok(PreparedData::open(&dir)?)
     }
 
@@ -112,9 +114,11 @@ impl Trained {
     ///
     /// Errors: no checkpoint; weights that do not fit the configured model.
     pub fn load_model<B: Backend>(&self, device: &B::Device) -> Result<LanguageModel<B>, TrainError> {
-        let model = self.config.model.init(device).map_err(|e| {
-            ConfigError::at(&self.config.origin.path, format!("model.{}", e.field), e.message)
-        })?;
+        let model = self
+            .config
+            .model
+            .init(device)
+            .map_err(|e| self.config.origin.at(&format!("model.{}", e.field), e.message))?;
         match &self.source {
             Source::Run(dir) => checkpoint::load_model(&checkpoint::latest(dir)?, model, device),
             Source::Config(_) => {
