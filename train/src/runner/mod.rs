@@ -113,12 +113,13 @@ pub fn train<B: AutodiffBackend>(
     let session = Instant::now();
     let devices = setup::devices::<B>(&config, devices)?;
     let leads = config.parallel.node_rank == 0; // this process writes the run directory
-    let (data, start) = setup::start::<B>(&mut config, &run_dir, resume, leads, &devices[0], log)?;
-    describe(&config, &data, &start.model, log);
+    let (data, setup::Start { model, state, resume_dir }) =
+        setup::start::<B>(&mut config, &run_dir, resume, leads, &devices[0], log)?;
+    describe(&config, &data, &model, log);
     let plan = Plan {
         config: &config,
         schedule: LrSchedule::from_config(&config.optimizer, config.max_steps),
-        start: start.state.clone(),
+        start: state,
         session,
         controls: &controls,
         peak_flops: config.peak_flops.or_else(|| crate::observe::accounting::table_peak_flops(&config)),
@@ -130,12 +131,12 @@ pub fn train<B: AutodiffBackend>(
         log(&crate::parallel::describe(&config, local));
     }
     let coordinator = crate::parallel::start_coordinator(&config, coordinator_elsewhere)?;
-    let replicas = Replicas { plan: &plan, data: Arc::new(data), start: &start, group, faults };
+    let replicas = Replicas { plan: &plan, data: Arc::new(data), resume_dir, group, faults };
     let leader = match leads {
         true => Some((MetricsLog::open(&run_dir.join(files::METRICS))?, run_dir.as_path())),
         false => None,
     };
-    let report = replicas.run(&devices, leader, log);
+    let report = replicas.run(model, &devices, leader, log);
     if replicas.group.is_some() {
         // Leave burn-collective's process-wide server clean for the next run in this process
         // (after a failure, peers and operations may be left pending). After a lost peer,
@@ -184,22 +185,25 @@ fn describe<B: AutodiffBackend>(
 }
 
 /// The replicas of this process: what they share to start.
-struct Replicas<'a, B: AutodiffBackend> {
+struct Replicas<'a> {
     plan: &'a Plan<'a>,
     data: Arc<PreparedData>,
-    start: &'a setup::Start<B>,
+    /// The checkpoint resumed from, whose optimizer state each replica loads.
+    resume_dir: Option<PathBuf>,
     /// Their link to the other ranks (`None` for a single rank).
     group: Option<Group>,
     faults: Faults,
 }
 
-impl<B: AutodiffBackend> Replicas<'_, B> {
-    /// Runs one replica per device, each on its own thread (burn-collective registers the local
-    /// peers together); the first runs on this thread, as the leader when `leader` (rank 0's
-    /// metrics log and run directory) is given. Returns the first replica's report, or the
-    /// cause of a failure: the first error that is not another rank's reaction to it.
-    fn run(
+impl Replicas<'_> {
+    /// Runs one replica of `model` per device, each on its own thread (burn-collective registers
+    /// the local peers together); the first runs on this thread with `model` itself, as the
+    /// leader when `leader` (rank 0's metrics log and run directory) is given. Returns the first
+    /// replica's report, or the cause of a failure: the first error that is not another rank's
+    /// reaction to it.
+    fn run<B: AutodiffBackend>(
         &self,
+        model: LanguageModel<B>,
         devices: &[B::Device],
         leader: Option<(MetricsLog, &std::path::Path)>,
         log: &mut dyn FnMut(&str),
@@ -208,7 +212,7 @@ impl<B: AutodiffBackend> Replicas<'_, B> {
         std::thread::scope(|scope| {
             let followers: Vec<_> = (devices.iter().enumerate().skip(1))
                 .map(|(i, device)| {
-                    let model = self.start.model.clone().fork(device);
+                    let model = model.clone().fork(device);
                     scope.spawn(move || {
                         let replica = self.replica(&model, first_rank + i, device)?;
                         run_replica(self.plan, replica, model, None)
@@ -223,28 +227,21 @@ impl<B: AutodiffBackend> Replicas<'_, B> {
                     }
                     None => None,
                 };
-                let replica = self.replica(&self.start.model, first_rank, &devices[0])?;
+                let replica = self.replica(&model, first_rank, &devices[0])?;
                 log(&replica.feed.description);
                 let leader =
                     leader.map(|(metrics, val, run_dir)| Leader { log: &mut *log, metrics, val, run_dir });
-                run_replica(self.plan, replica, self.start.model.clone(), leader)
+                run_replica(self.plan, replica, model, leader)
             })();
-            let mut results = vec![ours];
+            let mut errors = Vec::new();
+            let report = ours.map_err(|e| errors.push(e)).ok();
             for (i, follower) in followers.into_iter().enumerate() {
-                results.push(follower.join().unwrap_or_else(|_| {
-                    Err(TrainError::Exchange {
-                        rank: first_rank + i + 1,
-                        message: "its thread panicked".into(),
-                    })
-                }));
-            }
-            let mut errors: Vec<TrainError> = Vec::new();
-            let mut report = None;
-            for (i, result) in results.into_iter().enumerate() {
-                match result {
-                    Ok(r) if i == 0 => report = Some(r),
-                    Ok(_) => {}
-                    Err(e) => errors.push(e),
+                let panicked = |_| {
+                    let message = "its thread panicked".into();
+                    Err(TrainError::Exchange { rank: first_rank + i + 1, message })
+                };
+                if let Err(e) = follower.join().unwrap_or_else(panicked) {
+                    errors.push(e);
                 }
             }
             match report {
@@ -260,7 +257,7 @@ impl<B: AutodiffBackend> Replicas<'_, B> {
     /// The replica of rank `rank` on `device`: its optimizer for `model` (restored from the
     /// checkpoint resumed), its data shard, and its link to the other ranks (with the faults to
     /// inject, if any).
-    fn replica(
+    fn replica<B: AutodiffBackend>(
         &self,
         model: &LanguageModel<B>,
         rank: usize,
@@ -270,7 +267,7 @@ impl<B: AutodiffBackend> Replicas<'_, B> {
         let feed =
             Feed::start(self.data.clone(), config, self.plan.start.sampler, rank, config.world_size())?;
         let mut optimizer = AdamWGroups::new(&config.optimizer, model);
-        if let Some(dir) = &self.start.resume_dir {
+        if let Some(dir) = &self.resume_dir {
             optimizer = checkpoint::load_optimizer(dir, optimizer, device)?;
         }
         let mut sync: Box<dyn GradSync<B> + Send> = match &self.group {
