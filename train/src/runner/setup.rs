@@ -69,8 +69,9 @@ pub(super) fn start<B: AutodiffBackend>(
         return Err(config.origin.at("data", message).into());
     }
     let data = open_data(config, run_dir)?;
+    // A run without a checkpoint has nothing to resume; the checkpoint found is the one loaded.
+    let latest = if resume { Some(checkpoint::latest(run_dir)?) } else { None };
     if resume {
-        checkpoint::latest(run_dir)?; // a run without a checkpoint has nothing to resume
         check_same_tokenizer(run_dir, &data.meta)?;
     }
     config.resolve_vocab(Some(data.meta.vocab_size))?;
@@ -98,8 +99,7 @@ pub(super) fn start<B: AutodiffBackend>(
         model = ember_model::hf::load(model, path)?;
         log(&format!("initialized from {}", path.display()));
     }
-    if resume {
-        let dir = checkpoint::latest(run_dir)?;
+    if let Some(dir) = latest {
         state = checkpoint::load_state(&dir)?;
         check_resumable(config, &state, &dir, data_tokens)?;
         if config.max_steps <= state.step {
