@@ -191,7 +191,7 @@ mod tests {
             let step = step as u64 + 1;
             let settings = StepSettings::new(step, schedule.lr(step), 1.0);
             let (next, out) =
-                train_step(ember, &mut adamw, micro_batches, settings, &mut Solo, &device).unwrap();
+                train_step(ember, &mut adamw, micro_batches, settings, &mut Solo, None, &device).unwrap();
             ember = next;
             losses.push(scalar(out.loss));
         }

@@ -57,7 +57,8 @@ fn train(corpus: &Path, work: &Path, steps: u64, accumulation: usize) -> Vec<f64
             .collect();
         let settings = StepSettings::new(step, schedule.lr(step), 1.0);
         let (next, out) =
-            train_step(model, &mut optimizer, &micro_batches, settings, &mut Solo, &device).expect("a step");
+            train_step(model, &mut optimizer, &micro_batches, settings, &mut Solo, None, &device)
+                .expect("a step");
         model = next;
         losses.push(scalar(out.loss));
     }

@@ -13,16 +13,16 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE.toml")]
     config: PathBuf,
     /// Timed optimizer steps.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 20)]
     steps: usize,
     /// Untimed steps first.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 3)]
     warmup: usize,
     /// flex (CPU) or cuda (default: the config's).
     #[arg(long, value_parser = crate::parse_backend)]
     backend: Option<BackendKind>,
     /// Peak FLOP/s of the device for MFU (default: the config's `peak_flops`, else the GPU table).
-    #[arg(long, value_name = "FLOP/S")]
+    #[arg(long, allow_negative_numbers = true, value_name = "FLOP/S")]
     peak_flops: Option<f64>,
     /// Override a config key.
     #[arg(long = "set", value_name = "KEY=VALUE")]

@@ -19,10 +19,10 @@ pub struct EstimateArgs {
     #[arg(long, default_value = "fp32", value_parser = parse_precision)]
     precision: Precision,
     /// Model FLOPs utilization assumed for the time per step.
-    #[arg(long, default_value_t = 0.4)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.4)]
     mfu: f64,
     /// Peak FLOP/s of one device (default: `peak_flops` of the config, else `--gpu`'s table entry).
-    #[arg(long, value_name = "FLOP/S")]
+    #[arg(long, allow_negative_numbers = true, value_name = "FLOP/S")]
     peak_flops: Option<f64>,
     /// A GPU name to look up in the table of peak FLOP/s (e.g. h100, a100).
     #[arg(long, value_name = "NAME")]

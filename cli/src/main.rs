@@ -2,8 +2,8 @@
 //!
 //! The binary parses arguments and prints; the work lives in `ember-data` and `ember-train`.
 
-/// `println!` that ends the program quietly when stdout is closed (`ember sample | head`)
-/// instead of panicking, as Unix tools do.
+/// `println!` that does not panic when stdout is closed: it ends the program quietly
+/// (`ember sample | head`), or stops a training run with a checkpoint (see `output`).
 macro_rules! out {
     ($($arg:tt)*) => {
         $crate::print_line(format_args!($($arg)*))
@@ -13,6 +13,8 @@ macro_rules! out {
 mod bench;
 mod dashboard;
 mod estimate;
+mod export;
+mod output;
 mod plot;
 mod prepare;
 mod tokenizer;
@@ -24,10 +26,10 @@ use std::process::ExitCode;
 
 use burn::backend::{Autodiff, Flex};
 use clap::{Parser, Subcommand};
-use ember_train::tools::export::ExportFormat;
 use ember_train::tools::sample::SampleOptions;
 use ember_train::tools::trained::Source;
 use ember_train::BackendKind;
+pub(crate) use output::print_line;
 
 #[derive(Parser)]
 #[command(name = "ember", version, about = "Train GPT models from the terminal on Burn")]
@@ -49,8 +51,22 @@ enum Command {
         #[command(flatten)]
         source: SourceArgs,
         /// Batches per split (default: the run's eval_batches).
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         batches: Option<usize>,
+        /// Override the run's backend.
+        #[arg(long, value_parser = parse_backend)]
+        backend: Option<BackendKind>,
+    },
+    /// Replay one optimizer step of a run from the checkpoint before it, deterministically, and
+    /// show its loss and gradient norm per micro-batch with the rows' text (bad data or bad
+    /// numerics?).
+    Replay {
+        /// The run directory.
+        #[arg(long = "run", value_name = "RUN_DIR")]
+        run: PathBuf,
+        /// The optimizer step to replay (e.g. an event's step in metrics.jsonl).
+        #[arg(long, value_name = "S")]
+        step: u64,
         /// Override the run's backend.
         #[arg(long, value_parser = parse_backend)]
         backend: Option<BackendKind>,
@@ -63,16 +79,16 @@ enum Command {
         #[arg(long, default_value = "")]
         prompt: String,
         /// Tokens to generate.
-        #[arg(long, default_value_t = 500)]
+        #[arg(long, default_value_t = 500, allow_negative_numbers = true)]
         max_new_tokens: usize,
-        /// Softmax temperature (0 = greedy).
-        #[arg(long, default_value_t = 0.8)]
+        /// Softmax temperature, ≥ 0 (0 = greedy).
+        #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
         temperature: f64,
         /// Sample among the K most likely tokens only (0 = all).
-        #[arg(long, default_value_t = 200)]
+        #[arg(long, default_value_t = 200, allow_negative_numbers = true)]
         top_k: usize,
         /// Seed of the sampler.
-        #[arg(long, default_value_t = 1337)]
+        #[arg(long, default_value_t = 1337, allow_negative_numbers = true)]
         seed: u64,
         /// Recompute the whole context for every token instead of using the KV cache.
         #[arg(long)]
@@ -81,18 +97,8 @@ enum Command {
         #[arg(long, value_parser = parse_backend)]
         backend: Option<BackendKind>,
     },
-    /// Write a run's latest weights in another format (Hugging Face safetensors).
-    Export {
-        /// The run directory.
-        #[arg(long = "run", value_name = "RUN_DIR")]
-        run: PathBuf,
-        /// hf-gpt2 (GPT2LMHeadModel) or hf-llama (LlamaForCausalLM).
-        #[arg(long)]
-        format: ExportFormat,
-        /// Output file (model.safetensors).
-        #[arg(long, value_name = "FILE")]
-        out: PathBuf,
-    },
+    /// Write a run's latest weights as Hugging Face safetensors + config.json in DIR.
+    Export(export::ExportArgs),
     /// The dashboard of a run in progress or finished (plain lines when not in a terminal).
     Watch(watch::WatchArgs),
     /// PNG charts of a run: loss, learning rate, gradient norm, throughput, time per step.
@@ -174,7 +180,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Replay { run, step, backend } => {
+            let report =
+                ember_train::tools::replay::replay_run(&run, step, backend, &mut |line| eprintln!("{line}"))?;
+            out!("{}", report.to_string().trim_end());
+            Ok(())
+        }
         Command::Sample { source, prompt, max_new_tokens, temperature, top_k, seed, no_cache, backend } => {
+            if !(temperature.is_finite() && temperature >= 0.0) {
+                anyhow::bail!("--temperature {temperature}: expected a number ≥ 0 (0 = greedy), e.g. 0.8");
+            }
             let options = SampleOptions {
                 prompt,
                 max_new_tokens,
@@ -186,12 +201,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             out!("{}", ember_train::tools::commands::sample_run(source.source(), &options, backend)?);
             Ok(())
         }
-        Command::Export { run, format, out } => {
-            for path in ember_train::tools::export::export_run(&run, format, &out)? {
-                out!("wrote {}", path.display());
-            }
-            Ok(())
-        }
+        Command::Export(args) => export::run(args),
         Command::Watch(args) => watch::run(args),
         Command::Plot(args) => plot::run(args),
         Command::Estimate(args) => estimate::run(args),
@@ -238,6 +248,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
+    // Over the file-size limit (`ulimit -f`), a write then fails with EFBIG ("File too large")
+    // and is reported with its path, instead of SIGXFSZ killing the process silently in the
+    // middle of a checkpoint.
+    #[cfg(unix)]
+    // SAFETY: sets one signal's disposition to "ignore", before any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     // burn-collective logs every connection at INFO level once a subscriber is installed (it
     // installs one itself unless one exists): warnings and errors only, on stderr.
     let _ = tracing_subscriber::fmt()
@@ -279,14 +297,4 @@ fn message(error: &anyhow::Error) -> String {
         }
     }
     text
-}
-
-/// Writes one line to stdout; exits with status 0 if the reader went away (broken pipe).
-pub(crate) fn print_line(line: std::fmt::Arguments<'_>) {
-    use std::io::Write;
-    if let Err(e) = writeln!(std::io::stdout().lock(), "{line}") {
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(0);
-        }
-    }
 }

@@ -40,7 +40,7 @@ pub fn run(args: PlotArgs) -> anyhow::Result<()> {
         .iter()
         .filter_map(|r| match r {
             Record::Train(t) => Some(t.clone()),
-            Record::Eval(_) => None,
+            Record::Eval(_) | Record::Event(_) => None,
         })
         .collect();
     if train.is_empty() {
@@ -50,7 +50,7 @@ pub fn run(args: PlotArgs) -> anyhow::Result<()> {
         .iter()
         .filter_map(|r| match r {
             Record::Eval(e) => Some((e.step as f64, e.val_loss)),
-            Record::Train(_) => None,
+            Record::Train(_) | Record::Event(_) => None,
         })
         .collect();
     load_font(args.font.as_deref())?;

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::Args;
 use ember_data::{
-    download_tinyshakespeare, prepare, PrepareOptions, SftFields, TokenizerKind, DEFAULT_SHARD_TOKENS,
+    check_output_dir, download_tinyshakespeare, prepare, PrepareOptions, SftFields, TokenizerKind,
+    DEFAULT_SHARD_TOKENS,
 };
 
 /// Arguments of `ember prepare`.
@@ -29,11 +30,15 @@ pub struct PrepareArgs {
     /// Download a known corpus into DIR first (needs network): tinyshakespeare.
     #[arg(long, value_name = "NAME")]
     download: Option<String>,
-    /// Output directory.
+    /// Output directory: new, empty, or an Ember dataset (replaced with --force). A directory
+    /// of other files is refused; files that are not Ember's are never removed.
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
-    /// Fraction of tokens (the end of the stream) kept for validation.
-    #[arg(long, default_value_t = 0.1)]
+    /// Replace the Ember dataset already in --out (its files only).
+    #[arg(long)]
+    force: bool,
+    /// Fraction of tokens (the end of the stream) kept for validation, in [0, 1).
+    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
     val_fraction: f64,
     /// Field of .jsonl lines holding the text.
     #[arg(long, default_value = "text")]
@@ -55,22 +60,30 @@ pub struct PrepareArgs {
     #[arg(long)]
     lossy: bool,
     /// Maximum tokens per shard file.
-    #[arg(long, default_value_t = DEFAULT_SHARD_TOKENS, value_name = "N")]
+    #[arg(long, allow_negative_numbers = true, default_value_t = DEFAULT_SHARD_TOKENS, value_name = "N")]
     shard_tokens: u64,
     /// Tokenizer threads (default: all cores). The output is the same for any number.
-    #[arg(long, value_name = "N")]
+    #[arg(long, allow_negative_numbers = true, value_name = "N")]
     threads: Option<usize>,
 }
 
 /// Runs `ember prepare`.
 pub fn run(args: PrepareArgs) -> anyhow::Result<()> {
+    if !(0.0..1.0).contains(&args.val_fraction) {
+        bail!("--val-fraction {}: expected a fraction in [0, 1), e.g. 0.1", args.val_fraction);
+    }
     let mut inputs = args.input;
     match args.download.as_deref() {
         None => {}
         Some("tinyshakespeare") => {
+            let dest = args.out.join("tinyshakespeare.txt");
+            // Before downloading into --out: a directory of other files is refused untouched.
+            let keep: Vec<PathBuf> =
+                inputs.iter().chain([&dest]).chain(&args.tokenizer_file).cloned().collect();
+            check_output_dir(&args.out, args.force, &keep, args.tokenizer == TokenizerKind::Hf)?;
             std::fs::create_dir_all(&args.out)
                 .with_context(|| format!("cannot create {}", args.out.display()))?;
-            let file = download_tinyshakespeare(&args.out.join("tinyshakespeare.txt"))?;
+            let file = download_tinyshakespeare(&dest)?;
             out!("downloaded {} (sha256 verified)", file.display());
             inputs.push(file);
         }
@@ -80,6 +93,7 @@ pub fn run(args: PrepareArgs) -> anyhow::Result<()> {
         bail!("no input: pass --input PATH... or --download tinyshakespeare");
     }
     let mut opts = PrepareOptions::new(args.tokenizer, inputs, args.out);
+    opts.force = args.force;
     opts.tokenizer_file = args.tokenizer_file;
     opts.eos_token = args.eos_token;
     opts.val_fraction = args.val_fraction;

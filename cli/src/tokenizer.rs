@@ -23,7 +23,7 @@ enum TokenizerCommand {
 #[derive(Args)]
 struct TrainArgs {
     /// Vocabulary size: 256 bytes + <|endoftext|> + merges (at least 257).
-    #[arg(long, value_name = "N")]
+    #[arg(long, allow_negative_numbers = true, value_name = "N")]
     vocab_size: usize,
     /// Files, directories and globs, as for `ember prepare`.
     #[arg(long, num_args = 1.., required = true, value_name = "PATH")]
@@ -32,7 +32,7 @@ struct TrainArgs {
     #[arg(long, value_name = "FILE")]
     out: PathBuf,
     /// Merge only pairs seen at least this often.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 2)]
     min_frequency: u64,
     /// Field of .jsonl lines holding the text.
     #[arg(long, default_value = "text")]

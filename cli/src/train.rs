@@ -1,11 +1,11 @@
 //! `ember train`.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use clap::Args;
 use ember_train::config::HostPort;
 use ember_train::persist::files;
@@ -32,13 +32,13 @@ pub struct TrainArgs {
     set: Vec<String>,
     /// Data-parallel replicas in this process, one thread each (CUDA: devices `device`..;
     /// CPU: burn-flex replicas). Sets `devices`.
-    #[arg(long, value_name = "N")]
+    #[arg(long, allow_negative_numbers = true, value_name = "N")]
     devices: Option<usize>,
     /// Processes training together through burn-collective's orchestrator. Sets `parallel.nodes`.
-    #[arg(long, value_name = "M")]
+    #[arg(long, allow_negative_numbers = true, value_name = "M")]
     nodes: Option<usize>,
     /// This process's index among the nodes (0 logs and checkpoints). Sets `parallel.node_rank`.
-    #[arg(long, value_name = "R")]
+    #[arg(long, allow_negative_numbers = true, value_name = "R")]
     node_rank: Option<usize>,
     /// The orchestrator's address. Sets `parallel.coordinator`.
     #[arg(long, value_name = "HOST:PORT")]
@@ -66,6 +66,11 @@ impl TrainArgs {
 /// Runs `ember train`.
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let overrides = args.overrides();
+    for (flag, dir) in [("--resume", &args.resume), ("--run-dir", &args.run_dir)] {
+        if let Some(dir) = dir {
+            check_directory(flag, dir)?;
+        }
+    }
     let (mut config, run_dir, resume) = match (&args.config, &args.resume) {
         (Some(path), None) => {
             let config = RunConfig::load(path, &overrides)?;
@@ -79,19 +84,13 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         }
         _ => unreachable!("clap requires exactly one of --config and --resume"),
     };
+    if args.resume.is_none() && args.run_dir.is_none() {
+        check_directory("the default --run-dir", &run_dir)?;
+    }
     if let Some(data) = args.data {
         config.data = Some(data);
     }
-    let controls = Arc::new(Controls::default());
-    let flag = controls.clone();
-    ctrlc::set_handler(move || {
-        if flag.stop.swap(true, Ordering::SeqCst) {
-            eprintln!("\ninterrupted again: exiting without a checkpoint");
-            std::process::exit(130);
-        }
-        eprintln!("\nstopping after this step with a checkpoint (Ctrl-C again to abort)");
-    })
-    .context("cannot install the Ctrl-C handler")?;
+    let controls = stop_controls()?;
 
     if config.parallel.node_rank == 0 {
         out!("run directory: {}", run_dir.display());
@@ -121,7 +120,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         .final_val_loss
         .map(|v| format!("val loss {v:.4} (ppl {:.2})", v.exp()))
         .unwrap_or_else(|| "no evaluation".into());
-    out!(
+    let line = format!(
         "{} after step {}: {val}; {:.1} s this session ({:.1} s in all), {:.0} tokens/s; {}",
         if summary.stopped_early { "stopped" } else { "done" },
         summary.steps,
@@ -134,6 +133,54 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             "node 0 wrote the run directory".into()
         }
     );
+    out!("{line}");
+    if crate::output::stdout_closed() {
+        eprintln!("{line}");
+    }
+    Ok(())
+}
+
+/// The run's stop control, set by Ctrl-C, SIGTERM or SIGHUP (on any node: the run stops after
+/// the current step with a checkpoint; a second signal exits at once, status 130) and by a
+/// closed stdout (`ember train … | head -1`: the same stop, printing nothing more).
+fn stop_controls() -> anyhow::Result<Arc<Controls>> {
+    let controls = Arc::new(Controls::default());
+    let flag = controls.clone();
+    ctrlc::set_handler(move || {
+        if flag.stop.swap(true, Ordering::SeqCst) {
+            eprintln!("\nstopped again: exiting at once, without a checkpoint of this step");
+            std::process::exit(130);
+        }
+        eprintln!(
+            "\nstop requested (Ctrl-C, SIGTERM or SIGHUP): stopping after this step with a checkpoint; \
+             a second one exits at once"
+        );
+    })
+    .context("cannot install the handler of Ctrl-C, SIGTERM and SIGHUP")?;
+    let flag = controls.clone();
+    crate::output::on_stdout_closed(move || {
+        if !flag.stop.swap(true, Ordering::SeqCst) {
+            eprintln!("stdout was closed: stopping after this step with a checkpoint");
+        }
+    });
+    Ok(controls)
+}
+
+/// Refuses a run directory that is a file, or lies below one, naming `flag`; a missing one is
+/// fine (training creates it).
+fn check_directory(flag: &str, path: &Path) -> anyhow::Result<()> {
+    for ancestor in path.ancestors().filter(|p| !p.as_os_str().is_empty()) {
+        match std::fs::metadata(ancestor) {
+            Ok(m) if m.is_dir() => return Ok(()),
+            Ok(_) if ancestor == path => {
+                bail!("{flag} {} is a file; expected a directory", path.display())
+            }
+            Ok(_) => {
+                bail!("{flag} {}: {} is a file; expected a directory", path.display(), ancestor.display())
+            }
+            Err(_) => continue,
+        }
+    }
     Ok(())
 }
 

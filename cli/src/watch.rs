@@ -30,6 +30,7 @@ pub fn run(args: WatchArgs) -> anyhow::Result<()> {
             match record {
                 ember_train::observe::metrics::Record::Train(r) => out!("{r}"),
                 ember_train::observe::metrics::Record::Eval(e) => out!("{e}"),
+                ember_train::observe::metrics::Record::Event(e) => out!("{e}"),
             }
         }
         return Ok(());

@@ -202,6 +202,16 @@ pub enum DataError {
         reason: String,
     },
 
+    /// `prepare` would lose files in its output directory: it is a file, it holds files that
+    /// are not an Ember dataset, or it holds one and `force` was not given.
+    #[error("output directory {dir}: {reason}")]
+    OutputInUse {
+        /// The output directory.
+        dir: PathBuf,
+        /// What it holds and what to do.
+        reason: String,
+    },
+
     /// The download could not be made (offline, DNS, HTTP error status, ...).
     #[error("downloading {url} failed: {reason}. If this machine is offline, download input.txt elsewhere and pass `--input` a local copy of input.txt")]
     Download {

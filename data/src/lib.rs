@@ -71,8 +71,10 @@ pub use meta::{
     shard_file_name, DataKind, Meta, ShardInfo, SourceInfo, TokenDtype, DOCUMENTS_FILE, FORMAT_VERSION,
     META_FILE, PROMPTS_FILE,
 };
-pub use prefetch::{step_producer, Prefetcher, StepData};
-pub use prepare::{prepare, PrepareOptions, PrepareSummary, DEFAULT_CHUNK_BYTES, DEFAULT_SHARD_TOKENS};
+pub use prefetch::{step_producer, BatchSource, Prefetcher, StepData};
+pub use prepare::{
+    check_output_dir, prepare, PrepareOptions, PrepareSummary, DEFAULT_CHUNK_BYTES, DEFAULT_SHARD_TOKENS,
+};
 pub use prepared::{PreparedData, Split};
 pub use sampler::{splitmix64, Dropped, EpochSampler, SamplerState};
 pub use stream::TokenStream;

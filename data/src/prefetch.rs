@@ -100,6 +100,18 @@ pub struct StepData {
     /// The sampler state after these batches: what a checkpoint taken after this step must
     /// record (the consumer records the state of what it consumed, not of what was prefetched).
     pub state: SamplerState,
+    /// Where each micro-batch came from, in order.
+    pub sources: Vec<BatchSource>,
+}
+
+/// The rows one micro-batch was built from: the epoch they were drawn in and their indices in
+/// the split (row `i` of a packed split is the window of tokens `[i·L, i·L + L]`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BatchSource {
+    /// The epoch of the draw, from 0.
+    pub epoch: u64,
+    /// Row (window) indices, in batch order.
+    pub rows: Vec<usize>,
 }
 
 /// A producer for [`Prefetcher`]: endless steps of `micro_steps` batches drawn by `sampler`
@@ -112,14 +124,19 @@ pub fn step_producer(
 ) -> impl FnMut() -> Option<Result<StepData, DataError>> + Send + 'static {
     move || {
         let mut micro_batches = Vec::with_capacity(micro_steps);
+        let mut sources = Vec::with_capacity(micro_steps);
         for _ in 0..micro_steps {
-            let batch = sampler.next(&mut state).and_then(|indices| view.batch(&indices));
-            match batch {
-                Ok(b) => micro_batches.push(b),
+            let epoch = state.epoch;
+            let drawn = sampler.next(&mut state).and_then(|rows| Ok((view.batch(&rows)?, rows)));
+            match drawn {
+                Ok((batch, rows)) => {
+                    micro_batches.push(batch);
+                    sources.push(BatchSource { epoch, rows });
+                }
                 Err(e) => return Some(Err(e)),
             }
         }
-        Some(Ok(StepData { micro_batches, state }))
+        Some(Ok(StepData { micro_batches, state, sources }))
     }
 }
 

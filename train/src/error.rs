@@ -29,6 +29,17 @@ pub enum TrainError {
         /// What is wrong.
         message: String,
     },
+    /// A checkpoint could not be written (a full disk, a file-size limit, …): what was left
+    /// and what to do are in `outcome` (the earlier checkpoints are untouched).
+    #[error("cannot write checkpoint file {path}: {source}; {outcome}")]
+    CheckpointWrite {
+        /// The file or directory being written.
+        path: PathBuf,
+        /// The I/O error, e.g. "No space left on device (os error 28)".
+        source: std::io::Error,
+        /// Whether the checkpoint was saved, which one `latest` names, what to do.
+        outcome: String,
+    },
     /// A file's contents are not what was expected (e.g. a parity fixture's field).
     #[error("{path}: {message}")]
     BadFile {
@@ -45,21 +56,57 @@ pub enum TrainError {
         /// What was found there.
         found: String,
     },
+    /// Another training holds the run directory's lock.
+    #[error("{run_dir} is in use by another training: {holder} holds {lock}; two trainings in one run directory would overwrite each other's files: wait for it to end, stop it, or choose another --run-dir")]
+    RunDirLocked {
+        /// The run directory.
+        run_dir: PathBuf,
+        /// Its lock file.
+        lock: PathBuf,
+        /// `process PID on host HOST`.
+        holder: String,
+    },
+    /// The data of a resumed run is not the data the run started on.
+    #[error("{saved}: the data changed since the run started: {differences} (now {now}); resume on the run's own data (--data DIR) or start a new run")]
+    DataChanged {
+        /// The run's copy of its data's metadata (`RUN_DIR/data_meta.json`).
+        saved: PathBuf,
+        /// The metadata of the data given now (`DIR/meta.json`).
+        now: PathBuf,
+        /// What differs, `KEY was A, now B`, joined by `; `.
+        differences: String,
+    },
+    /// The model and batch need more memory than is available (`check_memory`).
+    #[error("{config}: {message}")]
+    WontFit {
+        /// The configuration file.
+        config: PathBuf,
+        /// Bytes the run needs, by `ember estimate`'s accounting.
+        needed_bytes: u64,
+        /// Bytes available.
+        available_bytes: u64,
+        /// Both numbers, where they come from, and the keys to change.
+        message: String,
+    },
     /// A step had no scored target in its whole global batch: the loss would be 0/0.
     #[error("optimizer step {step}: the global batch has no scored tokens (every target is ignore_index)")]
     NoScoredTokens {
         /// The optimizer step.
         step: u64,
     },
-    /// The loss or gradient norm stopped being finite.
-    #[error("optimizer step {step}: {what} is {value} (diverged); lower optimizer.lr or check the data")]
-    NonFinite {
-        /// The optimizer step.
+    /// `ember replay` cannot replay the step asked for.
+    #[error("replay: {0}")]
+    Replay(String),
+    /// The stability sentinel stopped the run (a checkpoint of the last good state was
+    /// written at `step`).
+    #[error("the stability sentinel stopped the run at step {step}: {reason}; the checkpoint of step {step} holds the last good weights (see the event records in {}; `ember replay --run {} --step {step}` shows the step's data and numbers; lower optimizer.lr, check the data, or raise sentinel.max_skipped_steps, then `ember train --resume {}`)", run_dir.join("metrics.jsonl").display(), run_dir.display(), run_dir.display())]
+    Unstable {
+        /// The last step run.
         step: u64,
-        /// `loss` or `grad norm`.
-        what: &'static str,
-        /// The value.
-        value: f64,
+        /// Why it stopped.
+        reason: String,
+        /// The run directory.
+        run_dir: std::path::PathBuf,
     },
     /// Hugging Face weights could not be read, written, or do not fit the model.
     #[error(transparent)]

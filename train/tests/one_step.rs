@@ -81,7 +81,7 @@ fn the_run_loop_bench_and_the_burn_train_strategy_take_the_same_step() {
         .into_iter()
         .filter_map(|r| match r {
             Record::Train(t) => Some(t.loss as f32),
-            Record::Eval(_) => None,
+            Record::Eval(_) | Record::Event(_) => None,
         })
         .collect();
     assert_eq!(run_losses.len(), STEPS);

@@ -33,7 +33,7 @@ fn records(run_dir: &Path) -> Vec<TrainRecord> {
         .into_iter()
         .filter_map(|r| match r {
             Record::Train(t) => Some(t),
-            Record::Eval(_) => None,
+            Record::Eval(_) | Record::Event(_) => None,
         })
         .collect()
 }

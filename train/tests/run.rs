@@ -31,6 +31,7 @@ fn trajectory(run_dir: &Path) -> (Curve, Curve) {
         match record {
             Record::Train(r) => train.push((r.step, r.loss)),
             Record::Eval(r) => eval.push((r.step, r.val_loss)),
+            Record::Event(e) => panic!("no sentinel event expected: {e}"),
         }
     }
     (train, eval)
@@ -81,7 +82,9 @@ fn resuming_an_older_checkpoint_rewrites_the_metrics_after_it() {
     let run_dir = dir.path().join("run");
     fresh(tiny_config(&data, &[]), &run_dir);
     let before = trajectory(&run_dir);
-    // As if the process had died after step 6's metrics but before its checkpoint.
+    // As if the process had died after step 6's metrics but before its checkpoint was
+    // complete (no manifest yet; `latest` still names step 3).
+    std::fs::remove_file(run_dir.join("checkpoints/step-00000006/manifest.json")).unwrap();
     std::fs::write(run_dir.join("checkpoints/latest"), "step-00000003").unwrap();
     let config = RunConfig::load(&run_dir.join("config.toml"), &[]).unwrap();
     run(config, &run_dir, true, Arc::default());

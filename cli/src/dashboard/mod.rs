@@ -139,6 +139,7 @@ pub fn run(
                 d.log(&match &record {
                     Record::Train(r) => r.to_string(),
                     Record::Eval(e) => e.to_string(),
+                    Record::Event(e) => e.to_string(),
                 });
             }
             d.push(record);
@@ -226,6 +227,8 @@ mod tests {
             device_reserved_bytes: Some(2_000_000_000),
             replicas_agree: Some(true),
             param_hash: Some("76ad5c07ece646ee".into()),
+            skipped_steps: 0,
+            spikes: 0,
             tokens: step * 1536,
             elapsed_s: step as f64 * 0.18,
         }

@@ -3,6 +3,7 @@
 use std::collections::VecDeque;
 
 use ember_train::observe::accounting::Estimate;
+use ember_train::observe::events::EventRecord;
 use ember_train::observe::metrics::{EvalRecord, Record, TrainRecord};
 
 /// Points kept per curve; when full, every other point is dropped (the curve keeps its shape
@@ -122,6 +123,8 @@ pub struct Dashboard {
     pub last: Option<TrainRecord>,
     /// The newest evaluation.
     pub last_eval: Option<EvalRecord>,
+    /// The stability sentinel's latest event.
+    pub last_event: Option<EventRecord>,
     /// Recent log lines.
     pub logs: VecDeque<String>,
     /// The chart on display.
@@ -162,6 +165,7 @@ impl Dashboard {
             throughput: Series::default(),
             last: None,
             last_eval: None,
+            last_event: None,
             logs: VecDeque::new(),
             view: View::Loss,
             by_tokens: false,
@@ -189,6 +193,7 @@ impl Dashboard {
                 self.val_loss.push(e.step as f64, tokens, e.val_loss);
                 self.last_eval = Some(e);
             }
+            Record::Event(e) => self.last_event = Some(e),
         }
     }
 

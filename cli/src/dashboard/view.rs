@@ -151,6 +151,11 @@ fn numbers(frame: &mut Frame<'_>, area: Rect, d: &Dashboard) {
             }
             row("lr", format!("{:.3e}", r.lr));
             row("grad norm", format!("{:.4}", r.grad_norm));
+            let last_event = d
+                .last_event
+                .as_ref()
+                .map_or(String::new(), |e| format!(" (last: {} at step {})", e.event, e.step));
+            row("sentinel", format!("{} skipped, {} spikes{last_event}", r.skipped_steps, r.spikes));
             row("tokens/s", format!("{:.0}", r.tokens_per_sec));
             row("steps/s", d.steps_per_s().map_or("—".into(), |s| format!("{s:.2}")));
             row("MFU", r.mfu.map_or("— (peak unknown)".into(), |m| format!("{:.1}%", 100.0 * m)));

@@ -2,6 +2,7 @@
 //! prompts.bin for SFT, meta.json), streaming and in parallel.
 
 mod chunks;
+mod output;
 mod progress;
 mod writer;
 
@@ -15,6 +16,7 @@ use crate::tokenizer::HF_TOKENIZER_FILE;
 use crate::{DataError, Meta, SourceInfo, TokenDtype, Tokenizer, TokenizerKind, TokenizerSpec};
 pub(crate) use chunks::PIECE_BYTES;
 use chunks::{chars_of, chunk_chars, encode_chunk, next_chunk};
+pub use output::check_output_dir;
 use progress::Progress;
 use writer::{commit, StreamWriter};
 
@@ -36,8 +38,11 @@ pub struct PrepareOptions {
     pub eos_token: Option<String>,
     /// Files, directories and globs (see [`resolve_inputs`]).
     pub inputs: Vec<PathBuf>,
-    /// Output directory; created if missing.
+    /// Output directory; created if missing. It must be new, empty (but for the inputs) or
+    /// hold an Ember dataset, which only `force` replaces (see [`check_output_dir`]).
     pub out: PathBuf,
+    /// Replace an Ember dataset already in `out` (its files only; other files are kept).
+    pub force: bool,
     /// Fraction of tokens, in [0, 1), that go to the val split (the end of the stream).
     pub val_fraction: f64,
     /// How files become documents or SFT examples.
@@ -55,7 +60,7 @@ pub struct PrepareOptions {
 }
 
 impl PrepareOptions {
-    /// Options with the defaults: val_fraction 0.1, `text` field, no separator, strict UTF-8,
+    /// Options with the defaults: no `force`, val_fraction 0.1, `text` field, no separator, strict UTF-8,
     /// pretraining, 100 M-token shards, all cores, 16 MiB chunks, progress bar on.
     pub fn new(tokenizer: TokenizerKind, inputs: Vec<PathBuf>, out: PathBuf) -> PrepareOptions {
         PrepareOptions {
@@ -64,6 +69,7 @@ impl PrepareOptions {
             eos_token: None,
             inputs,
             out,
+            force: false,
             val_fraction: 0.1,
             input: InputOptions::default(),
             shard_tokens: DEFAULT_SHARD_TOKENS,
@@ -138,15 +144,18 @@ impl PrepareSummary {
 /// first pass collects its characters and checks every input before anything is written).
 ///
 /// Files are written into a staging directory beside `out` and moved into place, meta.json
-/// last; on error nothing in `out` changes.
+/// last; on error nothing in `out` changes. `out` is checked first ([`check_output_dir`]): a
+/// directory of other files is refused, an Ember dataset is replaced only with `force`, and
+/// files that are not Ember's are never removed.
 ///
-/// Errors: [`DataError::InvalidOption`]; input errors naming the file and line
+/// Errors: [`DataError::OutputInUse`]; [`DataError::InvalidOption`]; input errors naming the file and line
 /// ([`DataError::BadInput`], [`DataError::Io`], [`DataError::InvalidUtf8`],
 /// [`DataError::BadLine`]); [`DataError::EmptyCorpus`]; tokenizer errors; output
 /// [`DataError::Io`].
 pub fn prepare(opts: &PrepareOptions) -> Result<PrepareSummary, DataError> {
     opts.check()?;
     let files = resolve_inputs(&opts.inputs)?;
+    check_output_dir(&opts.out, opts.force, &kept_inputs(opts, &files), opts.tokenizer == TokenizerKind::Hf)?;
     match opts.threads {
         None => prepare_files(opts, &files),
         Some(n) => rayon::ThreadPoolBuilder::new()
@@ -155,6 +164,12 @@ pub fn prepare(opts: &PrepareOptions) -> Result<PrepareSummary, DataError> {
             .map_err(|e| DataError::option("threads", format!("cannot start {n} threads: {e}")))?
             .install(|| prepare_files(opts, &files)),
     }
+}
+
+/// The input files (and tokenizer file): `prepare` neither counts nor removes them when they
+/// lie in the output directory.
+fn kept_inputs(opts: &PrepareOptions, files: &[PathBuf]) -> Vec<PathBuf> {
+    files.iter().chain(&opts.tokenizer_file).cloned().collect()
 }
 
 fn total_bytes(files: &[PathBuf]) -> u64 {
@@ -276,7 +291,14 @@ fn prepare_files(opts: &PrepareOptions, files: &[PathBuf]) -> Result<PrepareSumm
         lossy_replacements: reader.stats.lossy_replacements,
         empty_documents: reader.stats.empty_documents,
     };
-    commit(finished.staging, &opts.out, &meta.to_json())?;
+    // Checked again: the directory may have changed while the corpus was tokenized.
+    let replaced = check_output_dir(
+        &opts.out,
+        opts.force,
+        &kept_inputs(opts, files),
+        tokenizer.hf_file_bytes().is_some(),
+    )?;
+    commit(finished.staging, &opts.out, &meta.to_json(), &replaced)?;
     let seconds = start.elapsed().as_secs_f64();
     Ok(PrepareSummary { meta, out: opts.out.clone(), input_bytes: reader.stats.bytes, seconds })
 }

@@ -206,6 +206,7 @@ fn reprepare_replaces_outputs_and_keeps_other_files() {
     assert_eq!(names(&out).len(), 1 + 3 + 2, "corpus, 3 shards, documents.bin, meta.json");
     std::fs::write(&a, b"xy").unwrap();
     o.shard_tokens = 100;
+    o.force = true; // replacing an Ember dataset
     let s = prepare(&o).unwrap();
     // "xy" + EOS = 3 tokens; train = floor(3 * 0.5) = 1.
     assert_eq!((s.meta.train_tokens, s.meta.val_tokens), (1, 2));

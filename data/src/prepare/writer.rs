@@ -9,7 +9,6 @@ use sha2::{Digest, Sha256};
 
 use crate::meta::{shard_file_name, DOCUMENTS_FILE, META_FILE, PROMPTS_FILE};
 use crate::stream::encode_tokens_into;
-use crate::tokenizer::HF_TOKENIZER_FILE;
 use crate::{DataError, ShardInfo, TokenDtype};
 
 /// A file being written in the staging directory, hashed as it goes.
@@ -167,22 +166,20 @@ pub(crate) struct Finished {
     pub prompts_sha256: Option<String>,
 }
 
-/// Files that `prepare` owns in an output directory (removed when it is prepared again):
-/// shards, indexes, a copied tokenizer and format-1 leftovers.
-fn is_owned_output(name: &str) -> bool {
-    let shard = name.starts_with("tokens-") && name.ends_with(".bin");
-    shard || [DOCUMENTS_FILE, PROMPTS_FILE, HF_TOKENIZER_FILE, "train.bin", "val.bin"].contains(&name)
-}
-
 /// Writes `meta_json` into the staging directory and moves everything into `out`:
 /// if `out` does not exist, the staging directory is renamed to it (atomic); otherwise
 /// `out/meta.json` is removed first (so a crash leaves no meta.json that disagrees with the
-/// files beside it), the previous outputs of `prepare` are removed, the new files renamed in,
-/// and meta.json last. Other files in `out` (e.g. a downloaded corpus) are kept.
+/// files beside it), then the previous dataset's files (`replaced`, from
+/// [`super::check_output_dir`]), the new files are renamed in, and meta.json last. Other files
+/// in `out` (e.g. a downloaded corpus) are kept.
 ///
-/// Errors: [`DataError::Io`] naming the file that could not be written, removed or renamed;
-/// [`DataError::BadInput`] if `out` exists and is not a directory.
-pub(crate) fn commit(staging: tempfile::TempDir, out: &Path, meta_json: &str) -> Result<(), DataError> {
+/// Errors: [`DataError::Io`] naming the file that could not be written, removed or renamed.
+pub(crate) fn commit(
+    staging: tempfile::TempDir,
+    out: &Path,
+    meta_json: &str,
+    replaced: &[PathBuf],
+) -> Result<(), DataError> {
     let meta_tmp = staging.path().join(META_FILE);
     {
         let mut f = HashedFile::create(meta_tmp)?;
@@ -196,24 +193,12 @@ pub(crate) fn commit(staging: tempfile::TempDir, out: &Path, meta_json: &str) ->
             DataError::io("cannot rename the staging directory onto", out, e)
         });
     }
-    if !out.is_dir() {
-        return Err(DataError::BadInput {
-            given: out.display().to_string(),
-            reason: "the output exists and is not a directory".into(),
-        });
-    }
     let old_meta = out.join(META_FILE);
-    if old_meta.exists() {
+    if replaced.contains(&old_meta) {
         std::fs::remove_file(&old_meta).map_err(|e| DataError::io("cannot remove old", &old_meta, e))?;
     }
-    let entries = std::fs::read_dir(out).map_err(|e| DataError::io("cannot list", out, e))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| DataError::io("cannot list", out, e))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if is_owned_output(&name) {
-            std::fs::remove_file(entry.path())
-                .map_err(|e| DataError::io("cannot remove old", entry.path(), e))?;
-        }
+    for path in replaced.iter().filter(|p| **p != old_meta) {
+        std::fs::remove_file(path).map_err(|e| DataError::io("cannot remove old", path, e))?;
     }
     let staged =
         std::fs::read_dir(staging.path()).map_err(|e| DataError::io("cannot list", staging.path(), e))?;

@@ -32,8 +32,9 @@ impl RunConfig {
         }
         // A bad value set with --set is reported as such, not as the file's.
         let origin = Origin { path: path.into(), overrides: overrides.to_vec(), vocab: VocabSource::Given };
-        let key_err =
-            |key: &str, message: String| origin.at(key, message.lines().next().unwrap_or_default().trim());
+        let key_err = |key: &str, message: String| {
+            origin.at(key, plain_serde_message(message.lines().next().unwrap_or_default().trim()))
+        };
         let (model, vocab) = match table.remove("model") {
             Some(toml::Value::Table(model)) => resolve_model(model).map_err(|(k, m)| key_err(&k, m))?,
             Some(_) => return Err(key_err("model", "must be a table ([model])".into())),
@@ -84,4 +85,60 @@ fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError>
     }
     node.insert(last.to_string(), value);
     Ok(())
+}
+
+/// serde's "invalid type: string \"abc\", expected usize" as "expected a non-negative integer,
+/// found \"abc\"" (Rust type names become words); other messages are returned as they are.
+fn plain_serde_message(message: &str) -> String {
+    let Some((found, expected)) = message
+        .strip_prefix("invalid type: ")
+        .or_else(|| message.strip_prefix("invalid value: "))
+        .and_then(|m| m.split_once(", expected "))
+    else {
+        return message.to_string();
+    };
+    let expected = match expected {
+        "usize" | "u64" | "u32" | "u16" | "u8" => "a non-negative integer",
+        "isize" | "i64" | "i32" | "i16" | "i8" => "an integer",
+        "f64" | "f32" => "a number",
+        other => other,
+    };
+    // "string \"abc\"" -> "\"abc\"", "integer `-5`" -> "-5", "floating point `1.5`" -> "1.5".
+    let found = match found.split_once(' ') {
+        Some(("string", value)) => value.to_string(),
+        _ => match found.rsplit_once(" `") {
+            Some((kind, value)) if value.ends_with('`') && !kind.contains('`') => {
+                value.trim_end_matches('`').to_string()
+            }
+            _ => found.to_string(),
+        },
+    };
+    format!("expected {expected}, found {found}")
+}
+
+#[cfg(test)]
+mod message_tests {
+    use super::plain_serde_message as plain;
+
+    #[test]
+    fn serde_type_errors_say_what_was_expected_in_words() {
+        let cases = [
+            (
+                r#"invalid type: string "abc", expected usize"#,
+                r#"expected a non-negative integer, found "abc""#,
+            ),
+            ("invalid value: integer `-5`, expected usize", "expected a non-negative integer, found -5"),
+            (
+                "invalid type: floating point `1.5`, expected u64",
+                "expected a non-negative integer, found 1.5",
+            ),
+            (r#"invalid type: string "fast", expected f64"#, r#"expected a number, found "fast""#),
+            ("invalid type: integer `1`, expected a boolean", "expected a boolean, found 1"),
+            ("invalid type: sequence, expected a string", "expected a string, found sequence"),
+            ("unknown field `x`", "unknown field `x`"),
+        ];
+        for (serde, ours) in cases {
+            assert_eq!(plain(serde), ours);
+        }
+    }
 }

@@ -5,6 +5,7 @@
 //!
 //! - [`schema`]: every key, its default and unit ([`RunConfig`], [`OptimizerConfig`]);
 //! - [`parallel`]: `devices` and `[parallel]`, with the parsed [`HostPort`];
+//! - [`sentinel`]: `[sentinel]`, what non-finite steps and loss spikes do;
 //! - `model`, `load`, `validate`, `vocab`: reading, checking, and settling the vocabulary;
 //! - [`error`] holds [`ConfigError`].
 //!
@@ -16,12 +17,14 @@ mod load;
 mod model;
 pub mod parallel;
 pub mod schema;
+pub mod sentinel;
 mod validate;
 mod vocab;
 
 pub use error::ConfigError;
 pub use parallel::{Devices, HostPort, ParallelConfig, Strategy};
 pub use schema::{BackendKind, OptimizerConfig, Origin, RunConfig, VocabSource};
+pub use sentinel::{OnNonFinite, SentinelConfig, SpikeAction};
 
 #[cfg(test)]
 mod tests;

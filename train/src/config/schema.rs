@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use ember_model::ModelConfig;
 use serde::{Deserialize, Serialize};
 
+use super::sentinel::SentinelConfig;
+
 use super::error::ConfigError;
 use super::parallel::{Devices, ParallelConfig};
 
@@ -113,6 +115,11 @@ pub struct RunConfig {
     /// Peak FLOP/s of one device for MFU (default: the table of known GPUs; none on the CPU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_flops: Option<f64>,
+    /// Refuse to start, before the model is allocated, when `ember estimate`'s peak memory of
+    /// the run exceeds the RAM available (`MemAvailable`, or a cgroup limit; not checked on
+    /// CUDA); `false` starts anyway (`observe::fits`).
+    #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_true")]
+    pub check_memory: bool,
     /// Device index for CUDA (`cuda:N`); the first of `devices` when there are several.
     #[serde(default)]
     pub device: usize,
@@ -135,6 +142,9 @@ pub struct RunConfig {
     /// Optimizer and schedule (`[optimizer]`).
     #[serde(default)]
     pub optimizer: OptimizerConfig,
+    /// The stability sentinel (`[sentinel]`): non-finite steps and loss spikes.
+    #[serde(default)]
+    pub sentinel: SentinelConfig,
     /// Where the configuration was read from and what it left to the data; not part of the
     /// file.
     #[serde(skip)]
@@ -162,6 +172,12 @@ mod defaults {
     }
     pub fn keep_checkpoints() -> usize {
         2
+    }
+    pub fn yes() -> bool {
+        true
+    }
+    pub fn is_true(b: &bool) -> bool {
+        *b
     }
 }
 

@@ -142,7 +142,7 @@ fn llama_models_come_from_a_preset_or_explicit_fields() {
 #[test]
 fn a_bad_key_in_the_file_names_the_file_the_key_and_what_was_expected() {
     let err = load(&BASE.replace("lr = 1e-3", "lr = \"fast\""), &[]).unwrap_err().to_string();
-    assert_eq!(err, "run.toml: key `optimizer.lr`: invalid type: string \"fast\", expected f64");
+    assert_eq!(err, "run.toml: key `optimizer.lr`: expected a number, found \"fast\"");
     let err = load(&BASE.replace("n_layer = 3", "n_layers = 3"), &[]).unwrap_err().to_string();
     assert!(
         err.starts_with("run.toml: key `model.n_layers`: unknown key for arch \"gpt2\"; expected `arch`, `preset` or one of"),

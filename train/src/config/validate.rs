@@ -86,7 +86,7 @@ impl RunConfig {
                 format!("must be ≥ warmup_steps ({}), got {decay}", o.warmup_steps),
             ));
         }
-        Ok(())
+        self.sentinel.validate()
     }
 }
 

@@ -133,13 +133,14 @@ impl<B: AutodiffBackend> EmberStrategy<B> {
             let lr = learner.lr_current();
             let settings = StepSettings::new(step, lr, self.grad_clip);
             let mut target = LearnerTarget { model: Some(learner.model()), learner: &mut *learner };
-            let out = match optimizer_step(&mut target, &micro_batches, settings, &mut Solo, &self.device) {
-                Ok(out) => out,
-                Err(e) => {
-                    stop(interrupter, e.to_string());
-                    break;
-                }
-            };
+            let out =
+                match optimizer_step(&mut target, &micro_batches, settings, &mut Solo, None, &self.device) {
+                    Ok(out) => out,
+                    Err(e) => {
+                        stop(interrupter, e.to_string());
+                        break;
+                    }
+                };
             let item = LmOutput::new(out.loss, Some(out.grad_norm), tokens, out.scored_tokens, started);
             let item =
                 TrainingItem::new(item, batches.progress(), global.clone(), Some(step as usize), Some(lr));

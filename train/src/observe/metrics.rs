@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -83,6 +83,12 @@ pub struct TrainRecord {
     /// compared).
     #[serde(default)]
     pub param_hash: Option<String>,
+    /// Steps the stability sentinel skipped so far in the run (non-finite, or skipped spikes).
+    #[serde(default)]
+    pub skipped_steps: u64,
+    /// Loss spikes the sentinel detected so far in the run.
+    #[serde(default)]
+    pub spikes: u64,
     /// Tokens consumed by the run so far.
     pub tokens: u64,
     /// Wall-clock seconds since the run started (summed across resumes).
@@ -94,12 +100,20 @@ pub struct TrainRecord {
 pub struct EvalRecord {
     /// Optimizer steps done when evaluated (0 = the initial model).
     pub step: u64,
-    /// Mean NLL over the validation batches, nats/token.
+    /// Mean NLL over the validation batches, nats/token (`null` in JSON when not finite: a
+    /// diverged model, read back as NaN).
+    #[serde(deserialize_with = "nan_if_null")]
     pub val_loss: f64,
-    /// `exp(val_loss)`.
+    /// `exp(val_loss)` (`null` when not finite).
+    #[serde(deserialize_with = "nan_if_null")]
     pub val_perplexity: f64,
     /// Wall-clock seconds since the run started.
     pub elapsed_s: f64,
+}
+
+/// A number, or NaN for the `null` that serde_json writes for a non-finite `f64`.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 impl EvalRecord {
@@ -119,6 +133,8 @@ pub enum Record {
     Train(TrainRecord),
     /// An evaluation.
     Eval(EvalRecord),
+    /// A step the stability sentinel flagged.
+    Event(super::events::EventRecord),
 }
 
 impl Record {
@@ -127,6 +143,7 @@ impl Record {
         match self {
             Record::Train(r) => r.step,
             Record::Eval(r) => r.step,
+            Record::Event(r) => r.step,
         }
     }
 }
@@ -152,6 +169,9 @@ impl fmt::Display for TrainRecord {
                 in_use as f64 / 1e6,
                 reserved as f64 / 1e6
             )?;
+        }
+        if self.skipped_steps > 0 || self.spikes > 0 {
+            write!(f, " | sentinel: {} skipped, {} spikes", self.skipped_steps, self.spikes)?;
         }
         if self.allreduce_bytes > 0 {
             let step_s = self.sync_s.max(1e-12);
@@ -185,111 +205,129 @@ pub struct MetricsLog {
 }
 
 impl MetricsLog {
-    /// Opens (creating) `path` for appending.
+    /// Opens (creating) `path` for appending (`O_APPEND`: every write lands at the end).
     pub fn open(path: &Path) -> Result<Self, TrainError> {
         let file = OpenOptions::new().create(true).append(true).open(path).map_err(TrainError::io(path))?;
         Ok(Self { path: path.into(), file })
     }
 
-    /// Appends one record.
+    /// Appends one record as a whole line: the JSON and its `'\n'` in a single write.
+    ///
+    /// Errors: the write failed (e.g. a full disk), naming the file and keeping the OS cause.
     pub fn write(&mut self, record: &Record) -> Result<(), TrainError> {
-        let line = serde_json::to_string(record).expect("records serialize to JSON");
-        writeln!(self.file, "{line}").and_then(|_| self.file.flush()).map_err(TrainError::io(&self.path))
+        append_line(&mut self.file, record).map_err(TrainError::io(&self.path))
     }
 }
 
-/// Reads every record of a `metrics.jsonl`.
+/// Writes `record` and its newline to `out` with one `write_all` (so an `O_APPEND` file gets
+/// the line in one piece, never interleaved with another writer's), then flushes.
+fn append_line(out: &mut dyn Write, record: &Record) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(record).expect("records serialize to JSON");
+    line.push(b'\n');
+    out.write_all(&line)?;
+    out.flush()
+}
+
+/// One line of a metrics file: its bytes (with the `'\n'`, if any) and what they hold.
+struct Line<'a> {
+    bytes: &'a [u8],
+    /// 1-based.
+    number: usize,
+    /// `None` for a blank line.
+    record: Option<Result<Record, String>>,
+}
+
+impl Line<'_> {
+    fn terminated(&self) -> bool {
+        self.bytes.ends_with(b"\n")
+    }
+}
+
+fn lines(bytes: &[u8]) -> Vec<Line<'_>> {
+    bytes
+        .split_inclusive(|&b| b == b'\n')
+        .enumerate()
+        .map(|(i, bytes)| {
+            let text = bytes.strip_suffix(b"\n").unwrap_or(bytes);
+            let blank = text.iter().all(u8::is_ascii_whitespace);
+            let record = (!blank).then(|| serde_json::from_slice(text).map_err(|e| e.to_string()));
+            Line { bytes, number: i + 1, record }
+        })
+        .collect()
+}
+
+/// The number of the last line, when it is torn: it does not parse as a record (a write cut
+/// short by a crash or a full disk). Only the last line may be torn; a bad line elsewhere is an
+/// error.
+fn torn_tail(lines: &[Line]) -> Option<usize> {
+    lines.last().filter(|l| matches!(l.record, Some(Err(_)))).map(|l| l.number)
+}
+
+fn not_a_record(path: &Path, number: usize, error: &str) -> TrainError {
+    TrainError::Checkpoint {
+        path: path.into(),
+        message: format!("line {number}: not a metrics record: {error}"),
+    }
+}
+
+/// Reads every record of a `metrics.jsonl`. A torn last line (one that does not parse: a
+/// write in progress, or cut short by a crash) is skipped.
 ///
-/// Errors: unreadable file; a line that is not a record (names the line number).
+/// Errors: unreadable file; a line before the last that is not a record (names the line
+/// number).
 pub fn read_records(path: &Path) -> Result<Vec<Record>, TrainError> {
-    let file = File::open(path).map_err(TrainError::io(path))?;
+    let bytes = std::fs::read(path).map_err(TrainError::io(path))?;
+    let lines = lines(&bytes);
+    let torn = torn_tail(&lines);
     let mut records = Vec::new();
-    for (i, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(TrainError::io(path))?;
-        if line.trim().is_empty() {
-            continue;
+    for line in lines.into_iter().filter(|l| Some(l.number) != torn) {
+        match line.record {
+            Some(Ok(record)) => records.push(record),
+            Some(Err(e)) => return Err(not_a_record(path, line.number, &e)),
+            None => {}
         }
-        let record = serde_json::from_str(&line).map_err(|e| TrainError::Checkpoint {
-            path: path.into(),
-            message: format!("line {}: not a metrics record: {e}", i + 1),
-        })?;
-        records.push(record);
     }
     Ok(records)
 }
 
 /// Drops the records of steps after `step` (they are redone when a run resumes from the
-/// checkpoint of `step`). Atomic: writes a temporary file and renames it over `path`.
-pub fn truncate_after(path: &Path, step: u64) -> Result<(), TrainError> {
-    if !path.exists() {
-        return Ok(());
+/// checkpoint of `step`), and a torn last line (with a warning to `log` naming the file and
+/// line). Every record kept keeps its original bytes; a last record without its newline gets
+/// one. The file is rewritten only if something changes, atomically (temp file, fsync,
+/// rename): a crash leaves the old file or the new one.
+///
+/// Errors: unreadable file; a line before the last that is not a record; the rewrite failed.
+pub fn truncate_after(path: &Path, step: u64, log: &mut dyn FnMut(&str)) -> Result<(), TrainError> {
+    let bytes = match std::fs::read(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        read => read.map_err(TrainError::io(path))?,
+    };
+    let lines = lines(&bytes);
+    let torn = torn_tail(&lines);
+    let mut kept = Vec::with_capacity(bytes.len());
+    for line in &lines {
+        match &line.record {
+            Some(Err(e)) if Some(line.number) == torn => log(&format!(
+                "{}: line {}: dropped a torn last line (not a whole metrics record: {e}); the run was cut short while writing it",
+                path.display(),
+                line.number
+            )),
+            Some(Err(e)) => return Err(not_a_record(path, line.number, e)),
+            Some(Ok(record)) if record.step() > step => {}
+            Some(Ok(_)) | None => {
+                kept.extend_from_slice(line.bytes);
+                if !line.terminated() && line.record.is_some() {
+                    kept.push(b'\n');
+                }
+            }
+        }
     }
-    let kept: Vec<Record> = read_records(path)?.into_iter().filter(|r| r.step() <= step).collect();
-    let text: String =
-        kept.iter().map(|r| serde_json::to_string(r).expect("records serialize to JSON") + "\n").collect();
-    Ok(ember_data::write_atomic(path, text.as_bytes())?)
+    if kept != bytes {
+        ember_data::write_atomic(path, &kept)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn train(step: u64) -> Record {
-        Record::Train(TrainRecord {
-            step,
-            loss: 2.0,
-            perplexity: 2f64.exp(),
-            lr: 1e-3,
-            grad_norm: 0.5,
-            tokens_per_sec: 1000.0,
-            data_wait_frac: 0.001,
-            sync_s: 0.0,
-            allreduce_bytes: 0,
-            allreduce: "none (1 rank)".into(),
-            replicas_agree: None,
-            param_hash: None,
-            allreduce_calls: 0,
-            forward_backward_s: 0.0,
-            optimizer_s: 0.0,
-            data_s: 0.0,
-            step_sync_s: 0.0,
-            eval_s: 0.0,
-            checkpoint_s: 0.0,
-            mfu: None,
-            rss_bytes: None,
-            device_in_use_bytes: None,
-            device_reserved_bytes: None,
-            tokens: step * 10,
-            elapsed_s: step as f64,
-        })
-    }
-
-    #[test]
-    fn records_have_the_stable_field_names() {
-        let json = serde_json::to_value(train(3)).unwrap();
-        for key in ["step", "loss", "lr", "grad_norm", "tokens_per_sec"] {
-            assert!(json.get(key).is_some(), "missing {key} in {json}");
-        }
-        assert_eq!(json["kind"], "train");
-        let eval =
-            Record::Eval(EvalRecord { step: 4, val_loss: 1.5, val_perplexity: 1.5f64.exp(), elapsed_s: 1.0 });
-        let json = serde_json::to_value(eval).unwrap();
-        assert_eq!(
-            (json["kind"].as_str(), json["step"].as_u64(), json["val_loss"].as_f64()),
-            (Some("eval"), Some(4), Some(1.5))
-        );
-    }
-
-    #[test]
-    fn truncate_after_keeps_earlier_records_only() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("metrics.jsonl");
-        let mut log = MetricsLog::open(&path).unwrap();
-        for step in 1..=5 {
-            log.write(&train(step)).unwrap();
-        }
-        truncate_after(&path, 3).unwrap();
-        let steps: Vec<u64> = read_records(&path).unwrap().iter().map(Record::step).collect();
-        assert_eq!(steps, vec![1, 2, 3]);
-    }
-}
+#[path = "metrics_tests.rs"]
+mod tests;

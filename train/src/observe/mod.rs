@@ -3,10 +3,14 @@
 //! - [`metrics`]: the records of `RUN_DIR/metrics.jsonl` and their log lines;
 //! - [`accounting`]: memory and FLOPs of a configuration before it runs (parameters, 16 B per
 //!   parameter, activations, 6·N·T, MFU) and the GPUs' peak FLOP/s;
+//! - [`events`]: the stability sentinel's event records;
+//! - [`fits`]: whether a run fits in memory, checked before its model is allocated;
 //! - [`device`]: device-pool memory on CUDA, process RSS, the GPU's name.
 //!
 //! May use: [`crate::config`], [`crate::error`]. Nothing that trains.
 
 pub mod accounting;
 pub mod device;
+pub mod events;
+pub mod fits;
 pub mod metrics;

@@ -1,5 +1,6 @@
 //! Fault injection for the tests of failure handling: [`FaultInjector`] wraps a rank's
-//! [`GradSync`] and makes that rank fail, or skip an all-reduce, at a chosen step. The training
+//! [`GradSync`] and makes that rank fail, or skip an all-reduce, at a chosen step, or corrupts
+//! the reduced values of chosen steps. The training
 //! loop knows nothing of it; a run gets one only through [`crate::RunOptions::faults`].
 
 use burn::module::{Module, ModuleVisitor, Param};
@@ -9,6 +10,7 @@ use burn::tensor::Tensor;
 use ember_model::LanguageModel;
 
 use crate::error::TrainError;
+use crate::step::optim::scale_grads;
 use crate::step::{Contribution, Exchanged, GradSync};
 
 /// Faults to inject into a run, each at `(rank, optimizer step)`. None by default.
@@ -20,12 +22,26 @@ pub struct Faults {
     /// This rank keeps its own gradient at this step instead of the reduced one, as if it had
     /// skipped the all-reduce (the replica hashes must catch it).
     pub skip_all_reduce: Option<(usize, u64)>,
+    /// Every rank's reduced values are corrupted from the first to the last step given
+    /// (inclusive), as a numerical blow-up or bad data would (the sentinel must catch it).
+    pub corrupt: Option<(u64, u64, Corruption)>,
+}
+
+/// What [`Faults::corrupt`] does to a step's reduced values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Corruption {
+    /// Σ NLL becomes NaN (a non-finite loss).
+    NanLoss,
+    /// Every gradient is multiplied by NaN (a non-finite gradient norm, finite loss).
+    NanGradients,
+    /// Σ NLL is multiplied by this factor (a loss spike; gradients unchanged).
+    LossTimes(u32),
 }
 
 impl Faults {
     /// Whether any fault is set.
     pub fn any(&self) -> bool {
-        self.fail.is_some() || self.skip_all_reduce.is_some()
+        self.fail.is_some() || self.skip_all_reduce.is_some() || self.corrupt.is_some()
     }
 }
 
@@ -70,7 +86,16 @@ impl<B: AutodiffBackend> GradSync<B> for FaultInjector<B> {
             reduced.grads = own;
             return Ok(reduced);
         }
-        self.inner.exchange(model, local)
+        let mut reduced = self.inner.exchange(model, local)?;
+        let corrupted = self.faults.corrupt.filter(|(first, last, _)| (*first..=*last).contains(&step));
+        if let Some((_, _, corruption)) = corrupted {
+            match corruption {
+                Corruption::NanLoss => reduced.nll_sum = reduced.nll_sum * f64::NAN,
+                Corruption::NanGradients => scale_grads(model, &mut reduced.grads, f64::NAN),
+                Corruption::LossTimes(factor) => reduced.nll_sum = reduced.nll_sum * f64::from(factor),
+            }
+        }
+        Ok(reduced)
     }
 
     fn abort(&mut self, num_params: usize) {

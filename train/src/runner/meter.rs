@@ -9,7 +9,7 @@ use crate::config::RunConfig;
 use crate::observe::accounting::{estimate_run, Precision};
 use crate::observe::device::rss_bytes;
 use crate::observe::metrics::TrainRecord;
-use crate::step::{GradSync, StepOutput};
+use crate::step::{GradSync, SentinelState, StepOutput};
 
 /// Measurements between two log lines.
 #[derive(Default)]
@@ -43,6 +43,8 @@ pub(super) struct Logged<'a, B: AutodiffBackend> {
     pub tokens: u64,
     /// Seconds of the run so far, all sessions.
     pub elapsed_s: f64,
+    /// The sentinel's counters so far.
+    pub sentinel: &'a SentinelState,
 }
 
 /// Sums a replica's step times, data waits and exchange times between log lines, and the
@@ -153,6 +155,8 @@ impl Meter {
             rss_bytes: rss_bytes("VmRSS:"),
             device_in_use_bytes: out.device_memory.map(|m| m.in_use_bytes),
             device_reserved_bytes: out.device_memory.map(|m| m.reserved_bytes),
+            skipped_steps: logged.sentinel.skipped_steps,
+            spikes: logged.sentinel.spikes,
             tokens: logged.tokens,
             elapsed_s: logged.elapsed_s,
         }

@@ -4,15 +4,17 @@
 //! files), starts one replica per device ([`replica`]: the loop body, logging through a
 //! `meter`), and reports how the run ended. [`feed`] builds each rank's batches ahead on a
 //! background thread; [`controls`] carries stop, checkpoint and pause requests from other
-//! threads (Ctrl-C, the dashboard).
+//! threads (Ctrl-C, the dashboard); [`lock`] keeps a second training out of the run directory.
 //!
 //! May use: everything before it — [`crate::config`], [`crate::observe`], [`crate::step`],
 //! [`crate::parallel`], [`crate::persist`].
 
 pub mod controls;
 pub mod feed;
+pub mod lock;
 mod meter;
 mod replica;
+mod same_data;
 mod setup;
 
 use std::path::PathBuf;
@@ -34,6 +36,7 @@ use crate::step::schedule::LrSchedule;
 use crate::step::{GradSync, Solo};
 use controls::Controls;
 use feed::Feed;
+pub use replica::step_seed;
 use replica::{run_replica, Leader, Plan, Replica, ReplicaReport};
 
 /// What to run.
@@ -102,8 +105,10 @@ pub struct RunSummary {
 /// every human-readable line (node 0 only).
 ///
 /// Errors: bad data or configuration, a run directory that already holds a run (without
-/// `resume`), a missing or inconsistent checkpoint (with `resume`), I/O failures, a
-/// diverged loss, a failed or unreachable rank.
+/// `resume`) or that another training holds ([`TrainError::RunDirLocked`]), a missing or
+/// inconsistent checkpoint or other data (with `resume`: [`TrainError::DataChanged`]), a model
+/// too large for the memory ([`TrainError::WontFit`]), I/O failures, a diverged loss, a failed
+/// or unreachable rank.
 pub fn train<B: AutodiffBackend>(
     options: RunOptions,
     devices: Vec<B::Device>,
@@ -112,7 +117,10 @@ pub fn train<B: AutodiffBackend>(
     let RunOptions { mut config, run_dir, resume, controls, coordinator_elsewhere, faults } = options;
     let session = Instant::now();
     let devices = setup::devices::<B>(&config, devices)?;
-    let leads = config.parallel.node_rank == 0; // this process writes the run directory
+    // This process writes the run directory: it holds its lock until the run ends, taken
+    // before anything in the directory changes.
+    let leads = config.parallel.node_rank == 0;
+    let _lock = if leads { Some(lock::RunLock::acquire(&run_dir, log)?) } else { None };
     let (data, setup::Start { model, state, resume_dir }) =
         setup::start::<B>(&mut config, &run_dir, resume, leads, &devices[0], log)?;
     describe(&config, &data, &model, log);
@@ -145,6 +153,9 @@ pub fn train<B: AutodiffBackend>(
     }
     drop(coordinator);
     let report = report?;
+    if let Some((step, reason)) = report.unstable {
+        return Err(TrainError::Unstable { step, reason, run_dir });
+    }
     Ok(RunSummary {
         steps: report.steps,
         final_val_loss: report.final_val_loss,

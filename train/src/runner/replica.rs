@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
-use ember_data::{splitmix64, DataView};
+use ember_data::{splitmix64, BatchSource, DataView};
 use ember_model::LanguageModel;
 
 use super::controls::Controls;
@@ -14,14 +14,14 @@ use super::feed::Feed;
 use super::meter::{Logged, Meter};
 use crate::config::RunConfig;
 use crate::error::TrainError;
+use crate::observe::events::{value_text, Action, EventRecord};
 use crate::observe::metrics::{EvalRecord, MetricsLog, Record};
 use crate::parallel::{param_hash, settings_hash};
 use crate::persist::checkpoint::{self, TrainState};
-use crate::persist::files;
 use crate::step::eval::evaluate;
 use crate::step::optim::AdamWGroups;
 use crate::step::schedule::LrSchedule;
-use crate::step::{scalar, train_step, GradSync, StepOutput, StepSettings};
+use crate::step::{scalar, train_step, Anomaly, GradSync, Judgement, Sentinel, StepOutput, StepSettings};
 
 /// One model replica and everything it trains with.
 pub struct Replica<B: AutodiffBackend> {
@@ -79,6 +79,8 @@ pub struct ReplicaReport {
     pub step_s: f64,
     /// Wall-clock seconds of the run, all sessions.
     pub elapsed_s: f64,
+    /// The stability sentinel stopped the run after this step, for this reason.
+    pub unstable: Option<(u64, String)>,
 }
 
 /// The backend seed of step `step`'s dropout: SplitMix64 of (seed, step) mixed, so the random
@@ -128,6 +130,9 @@ fn train_loop<B: AutodiffBackend>(
     let settings_hash = settings_hash(config);
     let multi = r.sync.world_size() > 1;
     let mut stopped_early = false;
+    let mut unstable = None;
+    // Every rank judges the same global loss and gradient norm: the same verdicts everywhere.
+    let mut sentinel = Sentinel::new(config.sentinel.clone(), plan.start.sentinel.clone());
     for step in plan.start.step + 1..=config.max_steps {
         plan.controls.wait_while_paused();
         let started = Instant::now();
@@ -145,8 +150,15 @@ fn train_loop<B: AutodiffBackend>(
             timed: logging,
         };
         // 2–6. Forward, loss, backward, gradient sync, clip and AdamW.
-        let (next, out) =
-            train_step(model, &mut r.optimizer, &data.micro_batches, settings, r.sync.as_mut(), &r.device)?;
+        let (next, out) = train_step(
+            model,
+            &mut r.optimizer,
+            &data.micro_batches,
+            settings,
+            r.sync.as_mut(),
+            Some(&mut sentinel),
+            &r.device,
+        )?;
         model = next;
         if out.replicas_agree == Some(false) {
             return Err(TrainError::ReplicasDiffer { step, rank: r.rank });
@@ -154,7 +166,10 @@ fn train_loop<B: AutodiffBackend>(
         state.step = step;
         state.sampler = data.state;
         state.tokens += meter.processed;
-        let last = step == config.max_steps || out.stop;
+        state.sentinel = sentinel.state.clone();
+        let judgement = out.judgement.as_ref().expect("the run loop's steps are judged");
+        let stop_reason = sentinel.stop_reason(judgement);
+        let last = step == config.max_steps || out.stop || stop_reason.is_some();
         meter.step(started.elapsed().as_secs_f64(), data_wait, &out);
         if let Some(leader) = leader.as_mut() {
             let done = StepDone {
@@ -164,10 +179,17 @@ fn train_loop<B: AutodiffBackend>(
                 out: &out,
                 data_wait,
                 last,
+                sources: &data.sources,
+                stopping: stop_reason.is_some(),
             };
             if let Some(val_loss) = leader.after_step(plan, &mut meter, done, &state, &model, r)? {
                 final_val_loss = Some(val_loss);
             }
+        }
+        if let Some(reason) = stop_reason {
+            unstable = Some((step, reason));
+            stopped_early = true;
+            break;
         }
         if out.stop && step < config.max_steps {
             if let Some(leader) = leader.as_mut() {
@@ -188,6 +210,7 @@ fn train_loop<B: AutodiffBackend>(
         tokens,
         step_s,
         elapsed_s: plan.elapsed(&state),
+        unstable,
     })
 }
 
@@ -205,8 +228,12 @@ struct StepDone<'a, B: AutodiffBackend> {
     param_hash: Option<u64>,
     out: &'a StepOutput<B::InnerBackend>,
     data_wait: Duration,
-    /// The run's last step (`max_steps`, or a stop request).
+    /// The run's last step (`max_steps`, a stop request, or the sentinel's stop).
     last: bool,
+    /// Where rank 0's micro-batches came from.
+    sources: &'a [BatchSource],
+    /// The sentinel stops the run after this step.
+    stopping: bool,
 }
 
 impl Leader<'_> {
@@ -214,7 +241,7 @@ impl Leader<'_> {
     /// logged steps), evaluate and checkpoint when due. Returns the validation loss when it
     /// evaluated.
     ///
-    /// Errors: a non-finite loss or gradient norm; I/O errors of the run directory.
+    /// Errors: I/O errors of the run directory.
     fn after_step<B: AutodiffBackend>(
         &mut self,
         plan: &Plan<'_>,
@@ -225,13 +252,19 @@ impl Leader<'_> {
         replica: &Replica<B>,
     ) -> Result<Option<f64>, TrainError> {
         let (config, step) = (plan.config, done.step);
-        if step % config.log_every == 0 || done.last {
-            let (loss, grad_norm) = (scalar(done.out.loss.clone()), scalar(done.out.grad_norm.clone()));
-            for (what, value) in [("loss", loss), ("grad norm", grad_norm)] {
-                if !value.is_finite() {
-                    return Err(TrainError::NonFinite { step, what, value });
-                }
-            }
+        let judgement = done.out.judgement.as_ref();
+        if let Some(j) = judgement.filter(|j| j.anomaly.is_some()) {
+            let record = event_record(&done, j, state, plan.elapsed(state));
+            (self.log)(&record.to_string());
+            self.metrics.write(&Record::Event(record))?;
+        }
+        let skipped = judgement.is_some_and(|j| j.skipped);
+        // A skipped step's record is its event; the next logged step has the interval's rates.
+        if (step % config.log_every == 0 || done.last) && !skipped {
+            let (loss, grad_norm) = match judgement {
+                Some(j) => (j.loss, j.grad_norm),
+                None => (scalar(done.out.loss.clone()), scalar(done.out.grad_norm.clone())),
+            };
             let logged = Logged::<B> {
                 step,
                 loss,
@@ -242,6 +275,7 @@ impl Leader<'_> {
                 param_hash: done.param_hash,
                 tokens: state.tokens,
                 elapsed_s: plan.elapsed(state),
+                sentinel: &state.sentinel,
             };
             let record = meter.record(logged, replica.sync.all_reduce_calls());
             (self.log)(&record.to_string());
@@ -290,10 +324,42 @@ impl Leader<'_> {
         world_size: usize,
     ) -> Result<(), TrainError> {
         let saved = TrainState { elapsed_s: plan.elapsed(state), world_size, ..state.clone() };
-        let dir = checkpoint::save(self.run_dir, &saved, model, optimizer, plan.config.keep_checkpoints)?;
-        ember_data::write_atomic(&dir.join(files::CONFIG), plan.config.to_toml().as_bytes())?;
+        // The config is one of the checkpoint's files: complete before `latest` moves.
+        let config = plan.config.to_toml();
+        let dir =
+            checkpoint::save(self.run_dir, &saved, model, optimizer, &config, plan.config.keep_checkpoints)?;
         (self.log)(&format!("checkpoint {}", dir.display()));
         Ok(())
+    }
+}
+
+/// The event record of a step the sentinel flagged.
+fn event_record<B: AutodiffBackend>(
+    done: &StepDone<'_, B>,
+    j: &Judgement,
+    state: &TrainState,
+    elapsed_s: f64,
+) -> EventRecord {
+    let value = match j.anomaly {
+        Some(Anomaly::NonfiniteGradNorm) => j.grad_norm,
+        _ => j.loss,
+    };
+    let action = match (j.skipped, done.stopping) {
+        (false, _) => Action::Marked,
+        (true, false) => Action::Skipped,
+        (true, true) => Action::Stopped,
+    };
+    EventRecord {
+        step: done.step,
+        event: j.anomaly.expect("only flagged steps have events"),
+        action,
+        value: value_text(value),
+        loss: j.loss.is_finite().then_some(j.loss),
+        grad_norm: j.grad_norm.is_finite().then_some(j.grad_norm),
+        zscore: j.zscore,
+        skipped_in_a_row: state.sentinel.skipped_in_a_row,
+        sources: done.sources.to_vec(),
+        elapsed_s,
     }
 }
 

@@ -69,12 +69,17 @@ pub(super) fn start<B: AutodiffBackend>(
         return Err(config.origin.at("data", message).into());
     }
     let data = open_data(config, run_dir)?;
-    // A run without a checkpoint has nothing to resume; the checkpoint found is the one loaded.
-    let latest = if resume { Some(checkpoint::latest(run_dir)?) } else { None };
+    if leads {
+        checkpoint::remove_leftovers(run_dir, log)?;
+    }
+    // A run without a checkpoint has nothing to resume; the newest checkpoint that verifies
+    // against its manifest is the one loaded (each newer one skipped is logged).
+    let latest = if resume { Some(checkpoint::newest(run_dir, log)?) } else { None };
     if resume {
-        check_same_tokenizer(run_dir, &data.meta)?;
+        super::same_data::check_same_data(run_dir, &data)?;
     }
     config.resolve_vocab(Some(data.meta.vocab_size))?;
+    crate::observe::fits::check(config, log)?; // before the model is allocated
 
     // Every rank starts from the same weights: built from the same seed here and copied to
     // each local replica (other processes build them the same way); the first step compares
@@ -93,6 +98,7 @@ pub(super) fn start<B: AutodiffBackend>(
         sampler: SamplerState::default(),
         data_tokens,
         world_size,
+        sentinel: Default::default(),
     };
     let mut resume_dir = None;
     if let (Some(path), false) = (&config.init_from, resume) {
@@ -121,7 +127,7 @@ pub(super) fn start<B: AutodiffBackend>(
             state.world_size = world_size;
         }
         if leads {
-            metrics::truncate_after(&run_dir.join(files::METRICS), state.step)?;
+            metrics::truncate_after(&run_dir.join(files::METRICS), state.step, log)?;
         }
         log(&format!("resumed from {} (step {})", dir.display(), state.step));
         resume_dir = Some(dir);
@@ -191,7 +197,12 @@ fn write_run_files(config: &RunConfig, data: &PreparedData, run_dir: &Path) -> R
 /// A new run must not overwrite another one. A run directory without a checkpoint holds
 /// nothing to resume (the run stopped before its first checkpoint): its metrics are replaced.
 fn ensure_fresh(run_dir: &Path, log: &mut dyn FnMut(&str)) -> Result<(), TrainError> {
-    if run_dir.join("checkpoints").join("latest").exists() {
+    // `latest`, or a checkpoint directory without it (a run stopped while naming its first).
+    let checkpoints = run_dir.join("checkpoints");
+    let step_dir = |e: fs::DirEntry| e.file_name().to_string_lossy().starts_with("step-");
+    let found = checkpoints.join("latest").exists()
+        || fs::read_dir(&checkpoints).is_ok_and(|mut d| d.any(|e| e.is_ok_and(step_dir)));
+    if found {
         return Err(TrainError::RunDirTaken { path: run_dir.into(), found: "checkpoints".into() });
     }
     let metrics = run_dir.join(files::METRICS);
@@ -201,27 +212,6 @@ fn ensure_fresh(run_dir: &Path, log: &mut dyn FnMut(&str)) -> Result<(), TrainEr
             "{} held a run that stopped before its first checkpoint: starting over",
             run_dir.display()
         ));
-    }
-    Ok(())
-}
-
-/// The data of a resumed run must be tokenized as the run's was.
-fn check_same_tokenizer(run_dir: &Path, meta: &ember_data::Meta) -> Result<(), TrainError> {
-    let path = run_dir.join(files::DATA_META);
-    let bytes = fs::read(&path).map_err(TrainError::io(&path))?;
-    let saved: ember_data::Meta = serde_json::from_slice(&bytes).map_err(|e| TrainError::Checkpoint {
-        path: path.clone(),
-        message: format!("invalid data metadata: {e}"),
-    })?;
-    if saved.tokenizer != meta.tokenizer {
-        return Err(TrainError::Checkpoint {
-            path,
-            message: format!(
-                "the data's tokenizer ({}) is not the run's ({}): a run continues on data tokenized the same way",
-                meta.tokenizer.kind(),
-                saved.tokenizer.kind()
-            ),
-        });
     }
     Ok(())
 }

@@ -8,6 +8,7 @@
 //! - [`loss`]: Σ NLL over the scored targets (the mean is taken over the *global* batch);
 //! - [`optim`]: AdamW in two decay groups, global-norm clipping;
 //! - [`schedule`]: warmup + cosine, advanced once per optimizer step;
+//! - [`sentinel`]: the stability sentinel (non-finite steps skipped, loss spikes);
 //! - [`sync`]: the gradient exchange as the step sees it ([`GradSync`], [`Solo`]);
 //! - [`batch`], [`eval`]: host batches to tensors; the validation loss.
 //!
@@ -19,12 +20,14 @@ pub mod eval;
 pub mod loss;
 pub mod optim;
 pub mod schedule;
+pub mod sentinel;
 pub mod sync;
 pub mod train_step;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Tensor};
 
+pub use sentinel::{Anomaly, Judgement, Sentinel, SentinelState};
 pub use sync::{Contribution, Exchanged, GradSync, Solo};
 pub use train_step::{
     accumulate, batch_nll, forward_backward, global_gradients, optimizer_step, train_step, GlobalGradients,

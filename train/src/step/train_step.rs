@@ -12,6 +12,7 @@ use ember_model::{LanguageModel, Packing};
 use super::batch::to_tensors;
 use super::loss::nll_sum;
 use super::optim::{clip_grad_norm, scale_grads, AdamWGroups};
+use super::sentinel::{Judgement, Sentinel};
 use super::sync::{Contribution, GradSync};
 use crate::error::TrainError;
 use crate::observe::device::{device_memory, DeviceMemory};
@@ -40,6 +41,9 @@ pub struct StepOutput<B: Backend> {
     /// On CUDA, when `timed`: the device pool after the backward pass, when the gradients are
     /// alive (the step's high point); `None` otherwise.
     pub device_memory: Option<DeviceMemory>,
+    /// The sentinel's verdict, when the step had one (with the loss and gradient norm read
+    /// back to the host).
+    pub judgement: Option<Judgement>,
 }
 
 /// Per-step inputs besides the data.
@@ -115,12 +119,17 @@ impl<B: AutodiffBackend> StepTarget<B> for Trainee<'_, B> {
 ///
 /// Seed the backend before calling (dropout draws from it) to make the step reproducible.
 ///
+/// With a `sentinel`, the step's loss and gradient norm are read back (one host read of two
+/// numbers) and judged before the update: a skipped step leaves the weights and the
+/// optimizer's moments exactly as they were ([`StepOutput::judgement`] says so).
+///
 /// Errors: as [`global_gradients`].
 pub fn optimizer_step<B: AutodiffBackend>(
     target: &mut impl StepTarget<B>,
     micro_batches: &[Batch],
     settings: StepSettings,
     sync: &mut dyn GradSync<B>,
+    sentinel: Option<&mut Sentinel>,
     device: &B::Device,
 ) -> Result<StepOutput<B::InnerBackend>, TrainError> {
     // 1. Data: the caller drew this step's micro-batches from this rank's shard.
@@ -133,7 +142,13 @@ pub fn optimizer_step<B: AutodiffBackend>(
     //    consumed, so nothing carries into the next step.
     let started = Instant::now();
     let grad_norm = clip_grad_norm(target.model(), &mut grads, settings.grad_clip);
-    target.apply(settings.lr, grads);
+    let judgement = sentinel.map(|sentinel| {
+        let [loss, norm] = read_pair(&global.loss, &grad_norm);
+        sentinel.judge(loss, norm)
+    });
+    if judgement.as_ref().is_none_or(|j| !j.skipped) {
+        target.apply(settings.lr, grads);
+    }
     if settings.timed {
         let _ = B::sync(device);
     }
@@ -147,7 +162,17 @@ pub fn optimizer_step<B: AutodiffBackend>(
         forward_backward_time: global.forward_backward_time,
         optimizer_time: started.elapsed(),
         device_memory: global.device_memory,
+        judgement,
     })
+}
+
+/// Two `[1]` tensors read back to the host in one transfer.
+fn read_pair<B: Backend>(a: &Tensor<B, 1>, b: &Tensor<B, 1>) -> [f64; 2] {
+    let data = Tensor::cat(vec![a.clone(), b.clone()], 0).into_data();
+    match data.convert::<f64>().to_vec::<f64>().as_deref() {
+        Ok([a, b]) => [*a, *b],
+        _ => [f64::NAN, f64::NAN],
+    }
 }
 
 /// [`optimizer_step`] for `model` and Ember's AdamW. Returns the updated model.
@@ -159,10 +184,11 @@ pub fn train_step<B: AutodiffBackend>(
     micro_batches: &[Batch],
     settings: StepSettings,
     sync: &mut dyn GradSync<B>,
+    sentinel: Option<&mut Sentinel>,
     device: &B::Device,
 ) -> Result<(LanguageModel<B>, StepOutput<B::InnerBackend>), TrainError> {
     let mut trainee = Trainee::new(model, optimizer);
-    let output = optimizer_step(&mut trainee, micro_batches, settings, sync, device)?;
+    let output = optimizer_step(&mut trainee, micro_batches, settings, sync, sentinel, device)?;
     Ok((trainee.into_model(), output))
 }
 

@@ -171,5 +171,5 @@ pub fn step<B: AutodiffBackend>(
 ) -> Result<(LanguageModel<B>, StepOutput<B::InnerBackend>), TrainError> {
     let o = &config.optimizer;
     let settings = StepSettings { timed: true, ..StepSettings::new(step, o.lr, o.grad_clip) };
-    train_step(model, optimizer, micro_batches, settings, &mut Solo, device)
+    train_step(model, optimizer, micro_batches, settings, &mut Solo, None, device)
 }

@@ -1,5 +1,5 @@
-//! Loading a trained model — a run's latest checkpoint, or a config's `init_from` weights —
-//! for evaluation, sampling and export.
+//! Loading a trained model — a run's newest checkpoint that verifies against its manifest, or
+//! a config's `init_from` weights — for evaluation, sampling and export.
 
 use std::fs;
 use std::path::PathBuf;
@@ -15,7 +15,7 @@ use crate::persist::{checkpoint, files};
 /// Where the weights come from.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Source {
-    /// A run directory: `config.toml`, `data_meta.json`, the latest checkpoint.
+    /// A run directory: `config.toml`, `data_meta.json`, the newest checkpoint that verifies.
     Run(PathBuf),
     /// A run configuration whose `init_from` names Hugging Face weights.
     Config(PathBuf),
@@ -29,14 +29,28 @@ pub struct Trained {
     pub config: RunConfig,
     /// The prepared data's metadata, when known.
     pub meta: Option<Meta>,
+    /// The checkpoint the weights come from (a run: the newest that verifies against its
+    /// manifest; `None` for `init_from` weights).
+    pub checkpoint: Option<PathBuf>,
 }
 
 impl Trained {
-    /// Reads the configuration (and data metadata) of `source`.
+    /// Reads the configuration (and data metadata) of `source`, and for a run chooses its
+    /// newest checkpoint that verifies, printing a line on stderr for each newer one skipped
+    /// (see [`Trained::open_logged`]).
     ///
-    /// Errors: not a run directory; a bad config; a config without `init_from`; a vocabulary
-    /// size that neither the config nor the data gives.
+    /// Errors: see [`Trained::open_logged`].
     pub fn open(source: Source) -> Result<Self, TrainError> {
+        Self::open_logged(source, &mut |line| eprintln!("{line}"))
+    }
+
+    /// [`Trained::open`], with each skipped checkpoint's line (`skipped
+    /// checkpoints/step-00000200: model.mpk is damaged (sha256 differs from manifest.json);
+    /// using step-00000100`) sent to `log`.
+    ///
+    /// Errors: not a run directory; no checkpoint that verifies; a bad config; a config
+    /// without `init_from`; a vocabulary size that neither the config nor the data gives.
+    pub fn open_logged(source: Source, log: &mut dyn FnMut(&str)) -> Result<Self, TrainError> {
         match &source {
             Source::Run(run_dir) => {
                 let config_path = run_dir.join(files::CONFIG);
@@ -53,7 +67,8 @@ impl Trained {
                     path: meta_path,
                     message: format!("invalid data metadata: {e}"),
                 })?;
-                Ok(Self { source, config, meta: Some(meta) })
+                let checkpoint = Some(checkpoint::newest(run_dir, log)?);
+                Ok(Self { source, config, meta: Some(meta), checkpoint })
             }
             Source::Config(path) => {
                 let mut config = RunConfig::load(path, &[])?;
@@ -66,7 +81,7 @@ impl Trained {
                     _ => None,
                 };
                 config.resolve_vocab(meta.as_ref().map(|m| m.vocab_size))?;
-                Ok(Self { source, config, meta })
+                Ok(Self { source, config, meta, checkpoint: None })
             }
         }
     }
@@ -104,24 +119,24 @@ impl Trained {
 
     /// The optimizer step of the weights (0 for `init_from` weights).
     pub fn step(&self) -> Result<u64, TrainError> {
-        match &self.source {
-            Source::Run(dir) => Ok(checkpoint::load_state(&checkpoint::latest(dir)?)?.step),
-            Source::Config(_) => Ok(0),
+        match &self.checkpoint {
+            Some(dir) => Ok(checkpoint::load_state(dir)?.step),
+            None => Ok(0),
         }
     }
 
     /// The model with its weights, on `device`.
     ///
-    /// Errors: no checkpoint; weights that do not fit the configured model.
+    /// Errors: a damaged checkpoint file; weights that do not fit the configured model.
     pub fn load_model<B: Backend>(&self, device: &B::Device) -> Result<LanguageModel<B>, TrainError> {
         let model = self
             .config
             .model
             .init(device)
             .map_err(|e| self.config.origin.at(&format!("model.{}", e.field), e.message))?;
-        match &self.source {
-            Source::Run(dir) => checkpoint::load_model(&checkpoint::latest(dir)?, model, device),
-            Source::Config(_) => {
+        match &self.checkpoint {
+            Some(dir) => checkpoint::load_model(dir, model, device),
+            None => {
                 let weights = self.config.init_from.as_ref().expect("checked by open");
                 Ok(ember_model::hf::load(model, weights)?)
             }

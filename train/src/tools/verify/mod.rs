@@ -178,7 +178,7 @@ pub fn verify<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Repo
         let mut losses = Vec::new();
         for step in 1..=steps as u64 {
             let settings = StepSettings::new(step, lr, opt.grad_clip);
-            let (next, out) = train_step(model, &mut optimizer, batches, settings, &mut Solo, device)?;
+            let (next, out) = train_step(model, &mut optimizer, batches, settings, &mut Solo, None, device)?;
             model = next;
             if step == 1 && name == "accumulated" {
                 let tw = "/grad_accum/token_weighted";

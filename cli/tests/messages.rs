@@ -1,0 +1,79 @@
+//! Error messages name the flag or key, the value and what was expected: `--set` values of
+//! the wrong type, a run directory that is a file, negative numbers given to numeric flags.
+
+mod common;
+
+use common::*;
+
+/// Runs `ember args`, which clap must refuse (status 2); returns its stderr.
+fn refused_by_clap(args: &[&str], cwd: &std::path::Path) -> String {
+    let out = ember(args, cwd);
+    assert_eq!(out.status.code(), Some(2), "ember {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_set_value_of_the_wrong_type_names_the_set_the_key_and_the_type() {
+    let dir = workdir();
+    let w = dir.path();
+    let cases = [
+        (
+            "model.d_model=abc",
+            "--set model.d_model=abc: key `model.d_model`: expected a non-negative integer, found \"abc\"",
+        ),
+        ("max_steps=-5", "--set max_steps=-5: key `max_steps`: expected a non-negative integer, found -5"),
+        (
+            "optimizer.lr=fast",
+            "--set optimizer.lr=fast: key `optimizer.lr`: expected a number, found \"fast\"",
+        ),
+    ];
+    for (set, message) in cases {
+        let err = fails(&["train", "--config", "tiny.toml", "--set", set], w);
+        assert_eq!(err.trim_end(), format!("error: {message}"));
+    }
+}
+
+#[test]
+fn a_run_directory_that_is_a_file_says_so() {
+    let dir = workdir();
+    let w = dir.path();
+    std::fs::write(w.join("notes.txt"), "mine").unwrap();
+    let err = fails(&["train", "--config", "tiny.toml", "--run-dir", "notes.txt"], w);
+    assert_eq!(err.trim_end(), "error: --run-dir notes.txt is a file; expected a directory");
+    let err = fails(&["train", "--config", "tiny.toml", "--run-dir", "notes.txt/run"], w);
+    assert_eq!(err.trim_end(), "error: --run-dir notes.txt/run: notes.txt is a file; expected a directory");
+    let err = fails(&["train", "--resume", "notes.txt"], w);
+    assert_eq!(err.trim_end(), "error: --resume notes.txt is a file; expected a directory");
+    std::fs::create_dir(w.join("runs")).unwrap();
+    std::fs::write(w.join("runs/tiny"), "mine").unwrap();
+    let err = fails(&["train", "--config", "tiny.toml"], w);
+    assert_eq!(err.trim_end(), "error: the default --run-dir runs/tiny is a file; expected a directory");
+    assert_eq!(std::fs::read_to_string(w.join("notes.txt")).unwrap(), "mine");
+}
+
+#[test]
+fn negative_numbers_reach_the_checks_of_numeric_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = dir.path();
+    let err = fails(&["sample", "--run", "run", "--temperature", "-1"], w);
+    assert_eq!(err.trim_end(), "error: --temperature -1: expected a number ≥ 0 (0 = greedy), e.g. 0.8");
+    let err = fails(&["sample", "--run", "run", "--temperature", "NaN"], w);
+    assert!(err.contains("--temperature NaN: expected a number ≥ 0"), "{err}");
+    let err = fails(
+        &["prepare", "--tokenizer", "char", "--input", "x.txt", "--out", "o", "--val-fraction", "-0.1"],
+        w,
+    );
+    assert_eq!(err.trim_end(), "error: --val-fraction -0.1: expected a fraction in [0, 1), e.g. 0.1");
+    let err = fails(&["estimate", "--config", "x.toml", "--mfu", "-0.5"], w);
+    assert!(err.contains("--mfu -0.5: expected a fraction in (0, 1]"), "{err}");
+    // Integer flags: the value is named, not taken for an unknown flag.
+    for (args, flag) in [
+        (&["sample", "--run", "run", "--top-k", "-3"][..], "'--top-k <TOP_K>'"),
+        (&["sample", "--run", "run", "--max-new-tokens", "-3"], "'--max-new-tokens <MAX_NEW_TOKENS>'"),
+        (&["eval", "--run", "run", "--batches", "-1"], "'--batches <BATCHES>'"),
+        (&["train", "--config", "x.toml", "--devices", "-2"], "'--devices <N>'"),
+    ] {
+        let err = refused_by_clap(args, w);
+        assert!(err.contains(&format!("invalid value '{}' for {flag}", args[args.len() - 1])), "{err}");
+    }
+}

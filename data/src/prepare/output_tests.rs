@@ -1,0 +1,128 @@
+//! `prepare` never deletes or overwrites files that are not Ember's.
+
+use std::path::{Path, PathBuf};
+
+use super::check_output_dir;
+use crate::{prepare, DataError, PrepareOptions, TokenizerKind};
+
+fn write(path: &Path, bytes: &[u8]) -> PathBuf {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, bytes).unwrap();
+    path.into()
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn opts(input: &Path, out: &Path) -> PrepareOptions {
+    let mut o = PrepareOptions::new(TokenizerKind::Char, vec![input.into()], out.into());
+    o.progress = false;
+    o
+}
+
+#[test]
+fn a_nanogpt_directory_is_refused_and_left_as_it_was() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = write(&tmp.path().join("corpus.txt"), b"hello");
+    let out = tmp.path().join("shakespeare_char");
+    let files = [
+        ("train.bin", &b"\x01\x02"[..]),
+        ("val.bin", b"\x03"),
+        ("tokenizer.json", b"{}"),
+        ("meta.pkl", b"x"),
+    ];
+    for (name, bytes) in files {
+        write(&out.join(name), bytes);
+    }
+    let err = prepare(&opts(&input, &out)).unwrap_err();
+    assert!(matches!(err, DataError::OutputInUse { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains(&out.display().to_string()), "{msg}");
+    assert!(
+        msg.contains("meta.pkl, tokenizer.json, train.bin, val.bin") && msg.contains("no Ember dataset"),
+        "{msg}"
+    );
+    // --force does not make it an Ember dataset.
+    let mut forced = opts(&input, &out);
+    forced.force = true;
+    assert!(matches!(prepare(&forced).unwrap_err(), DataError::OutputInUse { .. }));
+    for (name, bytes) in files {
+        assert_eq!(std::fs::read(out.join(name)).unwrap(), bytes, "{name} changed");
+    }
+    assert_eq!(names(&out).len(), 4);
+    assert_eq!(names(tmp.path()), ["corpus.txt", "shakespeare_char"], "no staging directory left");
+}
+
+#[test]
+fn an_ember_dataset_is_replaced_only_with_force_and_other_files_are_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = write(&tmp.path().join("corpus.txt"), b"hello");
+    let out = tmp.path().join("out");
+    let mut o = opts(&input, &out);
+    o.shard_tokens = 2;
+    prepare(&o).unwrap(); // 6 tokens: 3 shards
+    write(&out.join("notes.txt"), b"mine");
+    let before = std::fs::read(out.join("meta.json")).unwrap();
+    o.shard_tokens = 100;
+    let msg = prepare(&o).unwrap_err().to_string();
+    assert!(msg.contains("already holds an Ember dataset") && msg.contains("--force"), "{msg}");
+    assert_eq!(std::fs::read(out.join("meta.json")).unwrap(), before, "refused: nothing changed");
+    o.force = true;
+    let s = prepare(&o).unwrap();
+    assert_eq!(s.meta.shards.len(), 1);
+    assert_eq!(names(&out), ["documents.bin", "meta.json", "notes.txt", "tokens-00000.bin"]);
+    assert_eq!(std::fs::read(out.join("notes.txt")).unwrap(), b"mine");
+}
+
+#[test]
+fn inputs_inside_the_output_directory_do_not_count_and_are_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    // As `ember prepare --download tinyshakespeare` leaves it.
+    let input = write(&out.join("tinyshakespeare.txt"), b"to be");
+    prepare(&opts(&input, &out)).unwrap();
+    assert_eq!(std::fs::read(&input).unwrap(), b"to be");
+    assert!(out.join("meta.json").exists());
+    let mut again = opts(&input, &out);
+    again.force = true;
+    prepare(&again).unwrap();
+    assert_eq!(std::fs::read(&input).unwrap(), b"to be");
+}
+
+#[test]
+fn leftovers_of_an_interrupted_replacement_need_force() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    write(&out.join("tokens-00000.bin"), b"\x00\x00");
+    write(&out.join("documents.bin"), b"");
+    let err = check_output_dir(&out, false, &[], false).unwrap_err().to_string();
+    assert!(err.contains("already holds an Ember dataset (documents.bin, tokens-00000.bin)"), "{err}");
+    let mut replaced = check_output_dir(&out, true, &[], false).unwrap();
+    replaced.sort();
+    assert_eq!(replaced, [out.join("documents.bin"), out.join("tokens-00000.bin")]);
+}
+
+#[test]
+fn a_foreign_tokenizer_json_is_not_overwritten_and_a_file_is_not_a_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = write(&tmp.path().join("corpus.txt"), b"hello");
+    let out = tmp.path().join("out");
+    prepare(&opts(&input, &out)).unwrap(); // char: tokenizer.json is not the dataset's
+    write(&out.join("tokenizer.json"), b"{}");
+    assert!(check_output_dir(&out, true, &[], false).is_ok());
+    let err = check_output_dir(&out, true, &[], true).unwrap_err().to_string();
+    assert!(err.contains("tokenizer.json that is not part of its Ember dataset"), "{err}");
+    let given = out.join("tokenizer.json");
+    assert!(check_output_dir(&out, true, &[given], true).is_ok(), "the --tokenizer-file itself");
+
+    let file = write(&tmp.path().join("a_file"), b"x");
+    let err = prepare(&opts(&input, &file)).unwrap_err().to_string();
+    assert!(err.contains("a_file: it is a file; expected a directory"), "{err}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"x");
+}

@@ -1,0 +1,235 @@
+//! Nothing lost, nothing overwritten: one training at a time in a run directory, a resume only
+//! on the run's own data, a torn metrics line survived, a model too large refused up front.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use ember_data::{prepare, PrepareOptions, TokenizerKind};
+use ember_train::observe::fits;
+use ember_train::runner::lock::{host_name, LOCK_FILE};
+use ember_train::{train, Controls, RunConfig, RunOptions, TrainError};
+
+fn run(options: RunOptions) -> Result<Vec<String>, TrainError> {
+    let mut lines = Vec::new();
+    train::<B>(options, Default::default(), &mut |l| lines.push(l.to_string()))?;
+    Ok(lines)
+}
+
+/// `lines` lines of the tiny corpus, from `first`, prepared with the char tokenizer in `dir`.
+fn corpus(dir: &Path, first: usize, lines: usize, reversed: bool) -> PathBuf {
+    let mut rows: Vec<String> = (first..first + lines)
+        .map(|i| format!("Line {i:03}: the quick brown fox jumps over the lazy dog.\n"))
+        .collect();
+    if reversed {
+        rows.reverse();
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    let input = dir.join("corpus.txt");
+    std::fs::write(&input, rows.concat()).unwrap();
+    let mut options = PrepareOptions::new(TokenizerKind::Char, vec![input], dir.join("data"));
+    options.progress = false;
+    prepare(&options).unwrap();
+    dir.join("data")
+}
+
+/// The run in `run_dir` resumed on `data` for one more step.
+fn resume_on(run_dir: &Path, data: &Path) -> Result<Vec<String>, TrainError> {
+    let mut config = RunConfig::load(&run_dir.join("config.toml"), &["max_steps=2".into()]).unwrap();
+    config.data = Some(data.to_path_buf());
+    run(RunOptions::new(config, run_dir).resuming())
+}
+
+#[test]
+fn a_second_training_in_the_same_directory_is_refused_and_the_first_loses_nothing() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let data = prepared_corpus(dir.path());
+    let run_dir = dir.path().join("run");
+    // The first run holds before its first step until let go.
+    let controls = Arc::new(Controls::default());
+    controls.pause.store(true, Ordering::SeqCst);
+    let first = {
+        let options =
+            RunOptions::new(tiny_config(&data, &["max_steps=2"]), &run_dir).with_controls(controls.clone());
+        std::thread::spawn(move || run(options))
+    };
+    let metrics = run_dir.join("metrics.jsonl");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !(metrics.exists() && std::fs::metadata(&metrics).unwrap().len() > 0) {
+        assert!(Instant::now() < deadline && !first.is_finished(), "the first run did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = std::fs::read(&metrics).unwrap();
+    for resume in [false, true] {
+        let mut options = RunOptions::new(tiny_config(&data, &["max_steps=2"]), &run_dir);
+        options.resume = resume;
+        let err = run(options).unwrap_err();
+        assert!(matches!(err, TrainError::RunDirLocked { .. }), "{err}");
+        let holder = format!("process {} on host {}", std::process::id(), host_name());
+        let message = err.to_string();
+        assert!(message.contains(&holder), "names the holder: {message}");
+        assert!(message.contains(&run_dir.join(LOCK_FILE).display().to_string()), "{message}");
+    }
+    assert_eq!(std::fs::read(&metrics).unwrap(), before, "the first run's metrics are untouched");
+    controls.pause.store(false, Ordering::SeqCst);
+    first.join().unwrap().unwrap();
+    assert!(!run_dir.join(LOCK_FILE).exists(), "the lock is removed when the run ends");
+    // Now free: a resume takes it.
+    let config = RunConfig::load(&run_dir.join("config.toml"), &["max_steps=3".into()]).unwrap();
+    run(RunOptions::new(config, &run_dir).resuming()).unwrap();
+}
+
+#[test]
+fn a_lock_left_by_a_dead_process_is_taken_over_with_a_warning() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let data = prepared_corpus(dir.path());
+    let run_dir = dir.path().join("run");
+    std::fs::create_dir_all(&run_dir).unwrap();
+    std::fs::write(run_dir.join(LOCK_FILE), "pid 999999\nhost gone-host\n").unwrap();
+    let lines = run(RunOptions::new(tiny_config(&data, &["max_steps=1"]), &run_dir)).unwrap();
+    let warning = lines.iter().find(|l| l.contains("process 999999 on host gone-host"));
+    assert!(warning.is_some_and(|w| w.contains("taking it over")), "{lines:#?}");
+}
+
+#[test]
+fn resuming_on_data_of_the_same_size_but_other_content_is_refused() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let data = corpus(&dir.path().join("a"), 0, 200, false);
+    let other = corpus(&dir.path().join("b"), 0, 200, true);
+    let run_dir = dir.path().join("run");
+    run(RunOptions::new(tiny_config(&data, &["max_steps=1"]), &run_dir)).unwrap();
+    let err = resume_on(&run_dir, &other).unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, TrainError::DataChanged { .. }), "{message}");
+    assert!(
+        message.contains("the data changed since the run started: shard tokens-00000.bin sha256 was "),
+        "{message}"
+    );
+    assert!(!message.contains("train_tokens"), "the sizes agree: {message}");
+    assert!(
+        message.contains(&other.join("meta.json").display().to_string()),
+        "names the data now: {message}"
+    );
+    assert!(message.contains("data_meta.json"), "names the run's copy: {message}");
+    resume_on(&run_dir, &data).unwrap(); // its own data still resumes
+}
+
+#[test]
+fn resuming_on_data_of_another_size_names_the_counts() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let data = corpus(&dir.path().join("a"), 0, 200, false);
+    let smaller = corpus(&dir.path().join("b"), 0, 150, false);
+    let run_dir = dir.path().join("run");
+    run(RunOptions::new(tiny_config(&data, &["max_steps=1"]), &run_dir)).unwrap();
+    let message = resume_on(&run_dir, &smaller).unwrap_err().to_string();
+    let was = ember_data::Meta::read(&data).unwrap();
+    let now = ember_data::Meta::read(&smaller).unwrap();
+    let counts = format!("train_tokens was {}, now {}", was.train_tokens, now.train_tokens);
+    assert!(message.contains(&counts), "{message}");
+    assert!(message.contains(&format!("val_tokens was {}, now {}", was.val_tokens, now.val_tokens)));
+    assert!(!message.contains("tokenizer"), "same tokenizer, not blamed: {message}");
+    // Other characters: the tokenizer's difference is named, not "char is not char".
+    let shouting = dir.path().join("c");
+    std::fs::create_dir_all(&shouting).unwrap();
+    std::fs::write(shouting.join("corpus.txt"), "THE QUICK BROWN FOX.\n".repeat(300)).unwrap();
+    let mut options =
+        PrepareOptions::new(TokenizerKind::Char, vec![shouting.join("corpus.txt")], shouting.join("data"));
+    options.progress = false;
+    prepare(&options).unwrap();
+    let message = resume_on(&run_dir, &shouting.join("data")).unwrap_err().to_string();
+    assert!(message.contains("the char tokenizer's characters differ (only the run's: "), "{message}");
+    assert!(message.contains("vocab_size was "), "{message}");
+}
+
+#[test]
+fn a_torn_last_metrics_line_does_not_block_a_resume() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let data = prepared_corpus(dir.path());
+    let run_dir = dir.path().join("run");
+    run(RunOptions::new(tiny_config(&data, &["max_steps=2"]), &run_dir)).unwrap();
+    let metrics = run_dir.join("metrics.jsonl");
+    let whole = std::fs::read(&metrics).unwrap();
+    let mut torn = whole.clone();
+    torn.extend_from_slice(b"{\"kind\":\"train\",\"step\":3,\"loss\":3.95");
+    std::fs::write(&metrics, &torn).unwrap();
+    let config = RunConfig::load(&run_dir.join("config.toml"), &["max_steps=3".into()]).unwrap();
+    let lines = run(RunOptions::new(config, &run_dir).resuming()).unwrap();
+    let line = whole.iter().filter(|&&b| b == b'\n').count() + 1;
+    let want = format!("{}: line {line}: dropped a torn last line", metrics.display());
+    assert!(lines.iter().any(|l| l.starts_with(&want)), "{want} in {lines:#?}");
+    let after = std::fs::read(&metrics).unwrap();
+    assert!(after.starts_with(&whole), "the records before it are kept byte for byte");
+    assert!(ember_train::observe::metrics::read_records(&metrics).unwrap().iter().any(|r| r.step() == 3));
+}
+
+/// A GPT-2 of about 87 billion parameters: ~1.4 TB of weights, gradients and AdamW state.
+fn giant(data: &Path, overrides: &[&str]) -> RunConfig {
+    let mut sets =
+        vec!["model.n_layer=48", "model.n_head=96", "model.d_model=12288", "model.block_size=2048"];
+    sets.extend_from_slice(overrides);
+    tiny_config(data, &sets)
+}
+
+#[test]
+fn a_model_too_large_for_the_memory_is_refused_before_it_is_allocated() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let data = prepared_corpus(dir.path());
+    let start = Instant::now();
+    let err = run(RunOptions::new(giant(&data, &[]), dir.path().join("run"))).unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(30), "refused up front: {:?}", start.elapsed());
+    let TrainError::WontFit { needed_bytes, available_bytes, .. } = &err else { panic!("{err}") };
+    assert!(*needed_bytes > 1_000_000_000_000 && needed_bytes > available_bytes, "{err}");
+    let message = err.to_string();
+    let gb = |b: &u64| format!("{:.3} GB", *b as f64 / 1e9);
+    for part in
+        [gb(needed_bytes), gb(available_bytes), "model.n_layer".into(), "--set check_memory=false".into()]
+    {
+        assert!(message.contains(&part), "{part} in {message}");
+    }
+    assert!(!dir.path().join("run").join("config.toml").exists(), "nothing written for a refused run");
+}
+
+#[test]
+fn check_memory_false_lets_a_model_too_large_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = prepared_corpus(dir.path());
+    let mut config = giant(&data, &["check_memory=false"]);
+    config.resolve_vocab(Some(60)).unwrap();
+    let one_gb = fits::Available { bytes: 1 << 30, source: "a test".into() };
+    assert!(fits::check_against(&config, &one_gb).is_err(), "it does not fit");
+    let mut notes = Vec::new();
+    fits::check(&config, &mut |l| notes.push(l.to_string())).unwrap();
+    if fits::available(&config).is_some() {
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.starts_with("check_memory = false: starting although the run needs about ")),
+            "{notes:?}"
+        );
+    }
+    assert!(!config.to_toml().contains("check_memory = true"), "the default is not written out");
+    assert!(config.to_toml().contains("check_memory = false"), "the override is kept for --resume");
+}
+
+#[test]
+fn the_main_job_and_the_test_configs_fit() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/shakespeare_char.toml");
+    let mut main_job = RunConfig::load(&path, &[]).unwrap();
+    main_job.resolve_vocab(Some(66)).unwrap();
+    assert!(fits::needed_bytes(&main_job) < 200_000_000, "{}", fits::needed_bytes(&main_job));
+    let dir = tempfile::tempdir().unwrap();
+    let mut tiny = tiny_config(&dir.path().join("data"), &[]);
+    tiny.resolve_vocab(Some(60)).unwrap();
+    assert!(fits::needed_bytes(&tiny) < 50_000_000, "{}", fits::needed_bytes(&tiny));
+    fits::check(&main_job, &mut |_| {}).unwrap();
+}
