@@ -80,6 +80,13 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             (config, run_dir, false)
         }
         (None, Some(run_dir)) => {
+            if !run_dir.join(files::CONFIG).is_file() {
+                anyhow::bail!(
+                    "--resume {}: not a run directory (it has no {}): expected the --run-dir of an earlier `ember train`",
+                    run_dir.display(),
+                    files::CONFIG
+                );
+            }
             (RunConfig::load(&run_dir.join(files::CONFIG), &overrides)?, run_dir.clone(), true)
         }
         _ => unreachable!("clap requires exactly one of --config and --resume"),

@@ -44,6 +44,11 @@ fn a_run_directory_that_is_a_file_says_so() {
     assert_eq!(err.trim_end(), "error: --run-dir notes.txt/run: notes.txt is a file; expected a directory");
     let err = fails(&["train", "--resume", "notes.txt"], w);
     assert_eq!(err.trim_end(), "error: --resume notes.txt is a file; expected a directory");
+    let err = fails(&["train", "--resume", "nowhere"], w);
+    assert_eq!(
+        err.trim_end(),
+        "error: --resume nowhere: not a run directory (it has no config.toml): expected the --run-dir of an earlier `ember train`"
+    );
     std::fs::create_dir(w.join("runs")).unwrap();
     std::fs::write(w.join("runs/tiny"), "mine").unwrap();
     let err = fails(&["train", "--config", "tiny.toml"], w);

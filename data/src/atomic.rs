@@ -19,7 +19,19 @@ impl Staged<'_> {
     pub(crate) fn commit(self) -> Result<(), DataError> {
         let dest = self.dest;
         self.file.persist(dest).map_err(|e| DataError::io("cannot rename temp file onto", dest, e.error))?;
-        Ok(())
+        // The rename is durable once the directory entry is on disk.
+        let dir = parent_dir(dest);
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| DataError::io("cannot sync directory", dir, e))
+    }
+}
+
+/// The directory `dest` is in (`.` for a bare file name).
+fn parent_dir(dest: &Path) -> &Path {
+    match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
     }
 }
 
@@ -29,10 +41,7 @@ pub(crate) fn stage<'a>(
     dest: &'a Path,
     fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> Result<Staged<'a>, DataError> {
-    let dir = match dest.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
+    let dir = parent_dir(dest);
     let mut file =
         NamedTempFile::new_in(dir).map_err(|e| DataError::io("cannot create temp file in", dir, e))?;
     {
@@ -54,8 +63,8 @@ pub(crate) fn stage<'a>(
 }
 
 /// Writes `bytes` to `dest` whole or not at all: a temp file in `dest`'s directory (which must
-/// exist), fsync'd, then renamed over `dest` — so a crash leaves the old file or the new one,
-/// never half of one. Ember's one atomic-write helper (prepared data, run directories,
+/// exist), fsync'd, then renamed over `dest` and the directory fsync'd — so a crash leaves the
+/// old file or the new one, never half of one. Ember's one atomic-write helper (prepared data, run directories,
 /// checkpoints, exports).
 ///
 /// Errors: the temp file cannot be created, written, synced or renamed (naming the path).

@@ -99,7 +99,7 @@ pub enum TrainError {
     Replay(String),
     /// The stability sentinel stopped the run (a checkpoint of the last good state was
     /// written at `step`).
-    #[error("the stability sentinel stopped the run at step {step}: {reason}; the checkpoint of step {step} holds the last good weights (see the event records in {}; `ember replay --run {} --step {step}` shows the step's data and numbers; lower optimizer.lr, check the data, or raise sentinel.max_skipped_steps, then `ember train --resume {}`)", run_dir.join("metrics.jsonl").display(), run_dir.display(), run_dir.display())]
+    #[error("the stability sentinel stopped the run at step {step}: {reason}. The checkpoint of step {step} holds the weights of the last applied update (skipped steps leave them unchanged); if the evaluation above already shows a NaN loss, that update broke them and resuming will not help: start again with a lower optimizer.lr. The events are in {}; `ember replay --run {} --step {step}` shows a step's data and numbers. To go on past bad data: raise sentinel.max_skipped_steps and `ember train --resume {}`", run_dir.join("metrics.jsonl").display(), run_dir.display(), run_dir.display())]
     Unstable {
         /// The last step run.
         step: u64,

@@ -276,3 +276,18 @@ fn a_failed_write_keeps_the_previous_checkpoint_and_latest() {
     let (result, lines) = resume(&run_dir, 4);
     assert_eq!(result.unwrap().steps, 4, "{lines:?}");
 }
+
+#[test]
+fn a_renamed_checkpoint_directory_is_not_taken_for_another_step() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = base_run(dir.path());
+    // Renamed above the newest: its files verify, but it is step 2's, not step 9's.
+    fs::rename(ckpt(&run_dir, "step-00000002"), ckpt(&run_dir, "step-00000009")).unwrap();
+    let (step, lines) = trained_step(&run_dir).unwrap();
+    assert_eq!(step, 4);
+    assert_eq!(
+        lines,
+        ["skipped checkpoints/step-00000009: manifest.json is damaged (it is step 2's, but the directory is named step-00000009); using step-00000004"]
+    );
+}

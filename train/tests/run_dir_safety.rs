@@ -233,3 +233,32 @@ fn the_main_job_and_the_test_configs_fit() {
     assert!(fits::needed_bytes(&tiny) < 50_000_000, "{}", fits::needed_bytes(&tiny));
     fits::check(&main_job, &mut |_| {}).unwrap();
 }
+
+#[test]
+fn a_text_file_given_again_is_checked_against_the_run_dirs_prepared_copy() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let text = |name: &str, first: usize| {
+        let rows: String =
+            (first..first + 200).map(|i| format!("Line {i:03}: the quick brown fox.\n")).collect();
+        let path = dir.path().join(name);
+        std::fs::write(&path, rows).unwrap();
+        path
+    };
+    let (a, b) = (text("a.txt", 0), text("b.txt", 500));
+    let run_dir = dir.path().join("run");
+    let config = |data: &Path, steps: &str| tiny_config(data, &[steps, "eval_every=0", "checkpoint_every=0"]);
+    // A run on a.txt that left no checkpoint (RUN_DIR/data holds a.txt's tokens).
+    run(RunOptions::new(config(&a, "max_steps=1"), &run_dir)).unwrap();
+    std::fs::remove_dir_all(run_dir.join("checkpoints")).unwrap();
+    // Started over with b.txt: prepared again, not trained on a.txt's stale tokens.
+    let lines = run(RunOptions::new(config(&b, "max_steps=2"), &run_dir)).unwrap();
+    assert!(lines.iter().any(|l| l.contains("was prepared from another text: preparing")), "{lines:?}");
+    let meta = ember_data::Meta::read(&run_dir.join("data")).unwrap();
+    assert!(meta.sources[0].path.ends_with("b.txt"), "{:?}", meta.sources);
+    // A resume given a.txt is refused: a run continues on its own data.
+    let err = run(RunOptions::new(config(&a, "max_steps=3"), &run_dir).resuming()).unwrap_err().to_string();
+    assert!(err.contains("a.txt is not the text") && err.contains("resume without --data"), "{err}");
+    // The same text again is fine.
+    run(RunOptions::new(config(&b, "max_steps=3"), &run_dir).resuming()).unwrap();
+}

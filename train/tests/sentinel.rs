@@ -193,6 +193,7 @@ fn replay_reproduces_a_logged_step_per_micro_batch() {
         let report = replay_run(&run_dir, step, None, &mut |_| {}).unwrap();
         let recorded = records.iter().find(|r| r.step == step).unwrap();
         assert_eq!(report.from_step, if step == 4 { 2 } else { 4 });
+        assert!(report.checkpoint.is_some());
         assert!(
             (report.loss - recorded.loss).abs() < 1e-6 * recorded.loss,
             "step {step}: {} vs {}",
@@ -210,8 +211,18 @@ fn replay_reproduces_a_logged_step_per_micro_batch() {
         assert_eq!((m.source.rows.len(), m.previews.len()), (2, 2));
         assert!(m.previews[0].chars().count() <= 60 && !m.previews[0].is_empty());
     }
-    let err = replay_run(&run_dir, 2, None, &mut |_| {}).unwrap_err().to_string();
-    assert!(err.contains("no checkpoint before step 2"), "{err}");
+    // Before the first checkpoint: from the run's seeded start.
+    let mut lines = Vec::new();
+    let report = replay_run(&run_dir, 2, None, &mut |l| lines.push(l.to_string())).unwrap();
+    assert_eq!((report.checkpoint.as_ref(), report.from_step), (None, 0));
+    let recorded = records.iter().find(|r| r.step == 2).unwrap();
+    assert!(
+        (report.loss - recorded.loss).abs() < 1e-6 * recorded.loss,
+        "{} vs {}",
+        report.loss,
+        recorded.loss
+    );
+    assert!(lines.iter().any(|l| l.contains("no checkpoint before step 2")), "{lines:?}");
     let err = replay_run(&run_dir, 99, None, &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("--step 99: expected a step of the run, 1 to max_steps = 6"), "{err}");
 }

@@ -3,21 +3,13 @@
 use std::path::{Path, PathBuf};
 
 use super::check_output_dir;
+use crate::prepare::tests::names;
 use crate::{prepare, DataError, PrepareOptions, TokenizerKind};
 
 fn write(path: &Path, bytes: &[u8]) -> PathBuf {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, bytes).unwrap();
     path.into()
-}
-
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
 }
 
 fn opts(input: &Path, out: &Path) -> PrepareOptions {

@@ -74,8 +74,12 @@ impl fmt::Display for EventRecord {
         }
         let rows: Vec<String> =
             self.sources.iter().map(|s| format!("epoch {} rows {:?}", s.epoch, s.rows)).collect();
-        write!(f, " | {:?} ({} in a row) | {}", self.action, self.skipped_in_a_row, rows.join("; "))?;
-        write!(f, " | replay: ember replay --run RUN_DIR --step {}", self.step)
+        match self.action {
+            Action::Marked => write!(f, " | marked")?,
+            Action::Skipped => write!(f, " | skipped ({} in a row)", self.skipped_in_a_row)?,
+            Action::Stopped => write!(f, " | skipped ({} in a row), stopping", self.skipped_in_a_row)?,
+        }
+        write!(f, " | {}", rows.join("; "))
     }
 }
 

@@ -266,7 +266,9 @@ fn torn_tail(lines: &[Line]) -> Option<usize> {
 fn not_a_record(path: &Path, number: usize, error: &str) -> TrainError {
     TrainError::Checkpoint {
         path: path.into(),
-        message: format!("line {number}: not a metrics record: {error}"),
+        message: format!(
+            "line {number}: not a metrics record: {error}. The file is the run's log (checkpoints do not depend on it): correct or delete that line, then resume"
+        ),
     }
 }
 

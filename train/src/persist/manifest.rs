@@ -121,6 +121,16 @@ impl Manifest {
         if let Some(absent) = CHECKPOINT_FILES.iter().find(|name| manifest.entry(name).is_none()) {
             return Err(Problem::BadManifest(format!("it does not list {absent}")));
         }
+        if manifest.version != super::checkpoint::CHECKPOINT_VERSION {
+            let expected = super::checkpoint::CHECKPOINT_VERSION;
+            return Err(Problem::BadManifest(format!("version {} is not {expected}", manifest.version)));
+        }
+        let name = dir.file_name().unwrap_or_default().to_string_lossy();
+        let named = name.strip_prefix("step-").and_then(|n| n.parse::<u64>().ok());
+        if named != Some(manifest.step) {
+            let message = format!("it is step {}'s, but the directory is named {name}", manifest.step);
+            return Err(Problem::BadManifest(message));
+        }
         Ok(manifest)
     }
 

@@ -15,7 +15,7 @@
 //! May use: [`crate::step`] (the optimizer's record), [`crate::error`].
 
 pub mod checkpoint;
-mod durable;
+pub(crate) mod durable;
 pub mod files;
 pub mod manifest;
 pub mod recover;

@@ -104,7 +104,7 @@ fn find(run_dir: &Path, before: u64) -> Result<(PathBuf, Vec<Skipped>), TrainErr
     } else {
         let found: Vec<String> = skipped.iter().map(Skipped::to_string).collect();
         format!(
-            "no checkpoint can be loaded: {}. Restore the files from a copy, or start the run again (`{restart}` in an emptied or new --run-dir)",
+            "no checkpoint can be loaded: {}. Restore the files from a copy, or start the run again in a new --run-dir (`ember train --config FILE --run-dir NEW_DIR`), keeping this one",
             found.join("; ")
         )
     };

@@ -95,7 +95,8 @@ fn read_holder(file: &mut File) -> Option<String> {
     let field =
         |key: &str| text.lines().find_map(|l| l.strip_prefix(key)).map(str::trim).filter(|v| !v.is_empty());
     match (field("pid "), field("host ")) {
-        (None, None) => None,
+        (None, None) if text.trim().is_empty() => None,
+        (None, None) => Some("an unknown process (the file held no PID and host)".into()),
         (pid, host) => {
             Some(format!("process {} on host {}", pid.unwrap_or("(unknown)"), host.unwrap_or("(unknown)")))
         }
@@ -146,5 +147,18 @@ mod tests {
         let mut warnings = Vec::new();
         let _again = RunLock::acquire(dir.path(), &mut |w| warnings.push(w.to_string())).unwrap();
         assert!(warnings.is_empty(), "a cleanly released lock leaves nothing to take over: {warnings:?}");
+    }
+
+    #[test]
+    fn a_lock_file_of_unknown_content_is_taken_over_with_a_warning() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(LOCK_FILE), "garbage").unwrap();
+        let mut warnings = Vec::new();
+        let _lock = RunLock::acquire(dir.path(), &mut |w| warnings.push(w.to_string())).unwrap();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("left by an unknown process (the file held no PID and host)"),
+            "{warnings:?}"
+        );
     }
 }

@@ -255,7 +255,8 @@ impl Leader<'_> {
         let judgement = done.out.judgement.as_ref();
         if let Some(j) = judgement.filter(|j| j.anomaly.is_some()) {
             let record = event_record(&done, j, state, plan.elapsed(state));
-            (self.log)(&record.to_string());
+            let replay = format!("ember replay --run {} --step {step}", self.run_dir.display());
+            (self.log)(&format!("{record} | replay: {replay}"));
             self.metrics.write(&Record::Event(record))?;
         }
         let skipped = judgement.is_some_and(|j| j.skipped);

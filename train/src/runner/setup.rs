@@ -13,6 +13,7 @@ use crate::config::{ConfigError, RunConfig};
 use crate::error::TrainError;
 use crate::observe::metrics;
 use crate::persist::checkpoint::{self, TrainState, CHECKPOINT_VERSION};
+use crate::persist::durable::sha256_file;
 use crate::persist::files;
 
 /// Where a run starts: its model and state, and the checkpoint they come from.
@@ -68,7 +69,7 @@ pub(super) fn start<B: AutodiffBackend>(
         let message = "several nodes need prepared data (run `ember prepare` once), not a text file";
         return Err(config.origin.at("data", message).into());
     }
-    let data = open_data(config, run_dir)?;
+    let data = open_data(config, run_dir, resume, log)?;
     if leads {
         checkpoint::remove_leftovers(run_dir, log)?;
     }
@@ -139,12 +140,18 @@ pub(super) fn start<B: AutodiffBackend>(
 }
 
 /// Opens the run's prepared data: `config.data` is a prepared directory, or a text file that
-/// is prepared into `RUN_DIR/data` once. On return `config.data` names the prepared
+/// is prepared into `RUN_DIR/data` once (again when a new run is given another text; a
+/// resume given another text is refused). On return `config.data` names the prepared
 /// directory as an absolute path.
 ///
 /// Errors: no `data`; data that cannot be prepared or opened; prepared data of another
 /// tokenizer than the config's `tokenizer`.
-pub fn open_data(config: &mut RunConfig, run_dir: &Path) -> Result<PreparedData, TrainError> {
+pub fn open_data(
+    config: &mut RunConfig,
+    run_dir: &Path,
+    resume: bool,
+    log: &mut dyn FnMut(&str),
+) -> Result<PreparedData, TrainError> {
     let given = config.data.clone().ok_or_else(|| {
         ConfigError::at(
             &config.origin.path,
@@ -154,10 +161,30 @@ pub fn open_data(config: &mut RunConfig, run_dir: &Path) -> Result<PreparedData,
     })?;
     let dir = if given.is_file() {
         let out = run_dir.join("data");
-        if !out.join("meta.json").exists() {
+        let prepared = out.join(ember_data::META_FILE).exists();
+        let stale = prepared && !prepared_from(&out, &given)?;
+        if stale && resume {
+            let message = format!(
+                "{} is not the text {} was prepared from (see its meta.json `sources`): a run continues on its own data; resume without --data, or start a new run",
+                given.display(),
+                out.display()
+            );
+            return Err(config.origin.at("data", message).into());
+        }
+        if !prepared || stale {
+            if stale {
+                log(&format!(
+                    "{} was prepared from another text: preparing {} again",
+                    out.display(),
+                    given.display()
+                ));
+            }
             let tokenizer: TokenizerKind = config.tokenizer.as_deref().unwrap_or("char").parse()?;
             let mut options = PrepareOptions::new(tokenizer, vec![given], out.clone());
             options.progress = false;
+            // RUN_DIR/data is Ember's own copy, made for this run directory (which holds no
+            // checkpoint when a run starts over): replacing it loses nothing.
+            options.force = stale;
             ember_data::prepare(&options)?;
         }
         out
@@ -178,6 +205,19 @@ pub fn open_data(config: &mut RunConfig, run_dir: &Path) -> Result<PreparedData,
     }
     config.data = Some(fs::canonicalize(&dir).map_err(TrainError::io(&dir))?);
     Ok(data)
+}
+
+/// Whether the prepared data in `dir` was made from exactly the text file `file` (one source
+/// of its size and SHA-256).
+fn prepared_from(dir: &Path, file: &Path) -> Result<bool, TrainError> {
+    let meta = ember_data::Meta::read(dir)?;
+    let size = fs::metadata(file).map_err(TrainError::io(file))?.len();
+    Ok(match meta.sources.as_slice() {
+        [source] if source.bytes == size => {
+            source.sha256 == sha256_file(file).map_err(TrainError::io(file))?
+        }
+        _ => false,
+    })
 }
 
 /// The resolved config, the data's metadata and (for Hugging Face tokenizers) its

@@ -1,4 +1,5 @@
-//! `ember replay --run DIR --step S`: restores the newest checkpoint before step `S`, replays
+//! `ember replay --run DIR --step S`: restores the newest checkpoint before step `S` (or the
+//! run's seeded start when there is none), replays
 //! the run deterministically up to `S` (the same data order, dropout seeds and sentinel
 //! verdicts), and reports `S`'s loss and gradient norm for each micro-batch in f32 with the
 //! rows it was built from and their text — to tell bad data from bad numerics.
@@ -17,7 +18,8 @@ use super::backend::{run_on, BackendTask};
 use super::trained::{Source, Trained};
 use crate::config::{BackendKind, RunConfig};
 use crate::error::TrainError;
-use crate::persist::{checkpoint, recover};
+use crate::persist::checkpoint::{self, TrainState, CHECKPOINT_VERSION};
+use crate::persist::recover;
 use crate::runner::feed::Feed;
 use crate::runner::step_seed;
 use crate::step::optim::{clip_grad_norm, AdamWGroups};
@@ -52,8 +54,9 @@ pub struct ReplayReport {
     pub run_dir: PathBuf,
     /// The step replayed.
     pub step: u64,
-    /// The checkpoint the replay started from.
-    pub checkpoint: PathBuf,
+    /// The checkpoint the replay started from (`None`: the run's start, no checkpoint before
+    /// the step verifying).
+    pub checkpoint: Option<PathBuf>,
     /// Its step.
     pub from_step: u64,
     /// Data-parallel ranks of the run (their micro-batches are replayed in one process).
@@ -112,16 +115,37 @@ fn replay<B: AutodiffBackend>(
     log: &mut dyn FnMut(&str),
 ) -> Result<ReplayReport, TrainError> {
     let config = &trained.config;
-    let dir = recover::newest_before(run_dir, target, log)?;
-    let state = checkpoint::load_state(&dir)?;
     let data = Arc::new(trained.data()?);
-    check_data(&data, state.data_tokens, config)?;
     let tokenizer = trained.tokenizer()?;
-    let model =
-        config.model.init(device).map_err(|e| config.origin.at(&format!("model.{}", e.field), e.message))?;
-    let mut model: LanguageModel<B> = checkpoint::load_model(&dir, model, device)?;
-    let mut optimizer =
-        checkpoint::load_optimizer(&dir, AdamWGroups::new(&config.optimizer, &model), device)?;
+    let init = |device: &B::Device| {
+        config.model.init::<B>(device).map_err(|e| config.origin.at(&format!("model.{}", e.field), e.message))
+    };
+    let start = match recover::newest_before(run_dir, target, log) {
+        Ok(dir) => Some(dir),
+        Err(e) => {
+            log(&format!("{e}: replaying from the start (the seeded initial weights)"));
+            None
+        }
+    };
+    let (mut model, mut optimizer, state): (LanguageModel<B>, _, _) = match &start {
+        Some(dir) => {
+            let state = checkpoint::load_state(dir)?;
+            let model = checkpoint::load_model(dir, init(device)?, device)?;
+            let optimizer = AdamWGroups::new(&config.optimizer, &model);
+            (model, checkpoint::load_optimizer(dir, optimizer, device)?, state)
+        }
+        None => {
+            // As the run began: weights from the seed (or `init_from`), step 0, no moments.
+            B::seed(device, config.seed);
+            let mut model = init(device)?;
+            if let Some(path) = &config.init_from {
+                model = ember_model::hf::load(model, path)?;
+            }
+            let optimizer = AdamWGroups::new(&config.optimizer, &model);
+            (model, optimizer, initial_state(config, &data))
+        }
+    };
+    check_data(&data, state.data_tokens, config)?;
     let world_size = state.world_size;
     let mut feeds = (0..world_size)
         .map(|rank| Feed::start(data.clone(), config, state.sampler, rank, world_size))
@@ -130,7 +154,7 @@ fn replay<B: AutodiffBackend>(
     let schedule = LrSchedule::from_config(&config.optimizer, config.max_steps);
     log(&format!(
         "replaying from {} (step {}) to step {target} ({world_size} rank{})",
-        dir.display(),
+        start.as_ref().map_or("the start".into(), |dir| dir.display().to_string()),
         state.step,
         if world_size == 1 { "" } else { "s" }
     ));
@@ -184,7 +208,7 @@ fn replay<B: AutodiffBackend>(
     Ok(ReplayReport {
         run_dir: run_dir.into(),
         step: target,
-        checkpoint: dir,
+        checkpoint: start,
         from_step: state.step,
         world_size,
         lr: schedule.lr(target),
@@ -202,6 +226,21 @@ fn grad_norm<B: AutodiffBackend>(
     tokens: usize,
 ) -> f64 {
     scalar(clip_grad_norm(model, grads, 0.0)) / tokens.max(1) as f64
+}
+
+/// The state a run starts from: step 0, the data's first epoch, as many ranks as configured.
+fn initial_state(config: &RunConfig, data: &PreparedData) -> TrainState {
+    TrainState {
+        version: CHECKPOINT_VERSION,
+        step: 0,
+        tokens: 0,
+        elapsed_s: 0.0,
+        seed: config.seed,
+        sampler: Default::default(),
+        data_tokens: (data.meta.train_tokens, data.meta.total_tokens - data.meta.train_tokens),
+        world_size: config.world_size(),
+        sentinel: Default::default(),
+    }
 }
 
 /// The data must be the run's: the same token counts as the checkpoint's.
@@ -285,7 +324,7 @@ impl fmt::Display for ReplayReport {
             "step {} of {} (replayed from {}, step {}; {} rank{}; f32)",
             self.step,
             self.run_dir.display(),
-            self.checkpoint.display(),
+            self.checkpoint.as_ref().map_or("the start".into(), |dir| dir.display().to_string()),
             self.from_step,
             self.world_size,
             if self.world_size == 1 { "" } else { "s" }
