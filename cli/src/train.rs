@@ -81,7 +81,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         }
         (None, Some(run_dir)) => {
             if !run_dir.join(files::CONFIG).is_file() {
-                anyhow::bail!(
+                bail!(
                     "--resume {}: not a run directory (it has no {}): expected the --run-dir of an earlier `ember train`",
                     run_dir.display(),
                     files::CONFIG

@@ -4,7 +4,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
+use crate::sha256_hex;
 
 use crate::atomic::write_atomic;
 use crate::DataError;
@@ -28,10 +28,6 @@ const MAX_BYTES: u64 = 64 << 20;
 /// actual hash (the download is not kept); [`DataError::Io`] if `dest` cannot be written.
 pub fn download_tinyshakespeare(dest: &Path) -> Result<PathBuf, DataError> {
     download_verified(TINYSHAKESPEARE_URL, TINYSHAKESPEARE_SHA256, dest)
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    format!("{:x}", Sha256::digest(bytes))
 }
 
 /// Downloads `url` to `dest` if `dest` does not already hold bytes with SHA-256 `sha256`.

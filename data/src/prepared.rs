@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use memmap2::Mmap;
 use rayon::prelude::*;
-use sha2::{Digest, Sha256};
 
 use crate::meta::{DataKind, DOCUMENTS_FILE, PROMPTS_FILE};
 use crate::stream::{Shard, Shards};
@@ -91,7 +90,7 @@ impl IndexFile {
 
 /// SHA-256 of `bytes` compared with `expected`.
 fn verify(path: &Path, bytes: &[u8], expected: &str) -> Result<(), DataError> {
-    let actual = format!("{:x}", Sha256::digest(bytes));
+    let actual = crate::sha256_hex(bytes);
     if actual == expected {
         Ok(())
     } else {

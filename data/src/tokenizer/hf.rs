@@ -2,7 +2,6 @@
 
 use std::path::Path;
 
-use sha2::{Digest, Sha256};
 use tokenizers::PostProcessorWrapper;
 
 use crate::DataError;
@@ -12,11 +11,6 @@ pub const HF_EOS_CANDIDATES: [&str; 4] = ["<|endoftext|>", "</s>", "<|end_of_tex
 
 /// A token's byte span `[start, end)` in the encoded text.
 pub(crate) type Span = (usize, usize);
-
-/// SHA-256 of `bytes`, lowercase hex.
-pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
-    format!("{:x}", Sha256::digest(bytes))
-}
 
 /// A loaded `tokenizer.json` with the facts Ember records about it.
 pub(crate) struct HfTokenizer {
@@ -79,7 +73,7 @@ impl HfTokenizer {
                 })?,
         };
         let vocab_size = tk.get_vocab(true).values().max().map_or(0, |&m| m as usize + 1);
-        let sha256 = sha256_hex(&bytes);
+        let sha256 = crate::sha256_hex(&bytes);
         Ok(HfTokenizer { tk, sha256, bytes, eos_token, eos_id, vocab_size })
     }
 

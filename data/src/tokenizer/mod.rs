@@ -100,7 +100,7 @@ impl Tokenizer {
         let path = dir.join(file);
         let bytes =
             std::fs::read(&path).map_err(|e| DataError::io("cannot read tokenizer file", &path, e))?;
-        let actual = hf::sha256_hex(&bytes);
+        let actual = crate::sha256_hex(&bytes);
         if &actual != sha256 {
             return Err(DataError::FileChecksum { path, expected: sha256.clone(), actual });
         }

@@ -116,13 +116,13 @@ pub fn save<B: AutodiffBackend>(
             Failure::Encode(e) => e,
         });
     }
-    // The checkpoint is complete and on disk; `latest` is a pointer for people and tools.
+    // The checkpoint is complete and on disk; `latest` is a pointer for people and tools
+    // (`write_atomic` fsyncs `checkpoints/` after its rename).
     let latest = root.join(LATEST);
     ember_data::write_atomic(&latest, name.as_bytes()).map_err(|e| match e {
         ember_data::DataError::Io { source, .. } => failed(latest.clone(), source, true),
         other => other.into(),
     })?;
-    sync_dir(&root).map_err(|e| failed(root.clone(), e, true))?;
     super::recover::prune(&root, state.step, keep)?;
     Ok(final_dir)
 }

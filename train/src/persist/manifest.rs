@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::durable::{sha256_file, sha256_hex};
+use ember_data::{sha256_file, sha256_hex};
 
 /// The manifest's file name in a checkpoint directory.
 pub const MANIFEST: &str = "manifest.json";

@@ -13,7 +13,6 @@ use crate::config::{ConfigError, RunConfig};
 use crate::error::TrainError;
 use crate::observe::metrics;
 use crate::persist::checkpoint::{self, TrainState, CHECKPOINT_VERSION};
-use crate::persist::durable::sha256_file;
 use crate::persist::files;
 
 /// Where a run starts: its model and state, and the checkpoint they come from.
@@ -214,7 +213,7 @@ fn prepared_from(dir: &Path, file: &Path) -> Result<bool, TrainError> {
     let size = fs::metadata(file).map_err(TrainError::io(file))?.len();
     Ok(match meta.sources.as_slice() {
         [source] if source.bytes == size => {
-            source.sha256 == sha256_file(file).map_err(TrainError::io(file))?
+            source.sha256 == ember_data::sha256_file(file).map_err(TrainError::io(file))?
         }
         _ => false,
     })
