@@ -27,6 +27,10 @@ pub struct BenchArgs {
     /// Override a config key.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
+    /// Skip measuring the device's f32 matmul FLOP/s (a 2048³ matmul on the CPU, 8192³ on
+    /// CUDA, 7 runs) and the MFU against it.
+    #[arg(long)]
+    no_matmul_peak: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -59,6 +63,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         args.warmup,
         args.backend,
         args.peak_flops,
+        !args.no_matmul_peak,
     )?;
     if args.json {
         out!("{}", serde_json::to_string_pretty(&r)?);
@@ -80,19 +85,33 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         r.ms_per_step
     );
     out!(
-        "per step         data {:.1} ms | forward+backward {:.1} ms | sync {:.1} ms | optimizer {:.1} ms",
+        "per step         data {:.1} ms | forward {:.1} ms | backward {:.1} ms | sync {:.1} ms | optimizer {:.1} ms",
         ph.data_ms,
-        ph.forward_backward_ms,
+        ph.forward_ms,
+        ph.backward_ms,
         ph.sync_ms,
         ph.optimizer_ms
     );
-    match r.mfu {
-        Some(mfu) => out!(
-            "MFU              {:.1}% ({:.3e} FLOPs/token)",
-            100.0 * mfu,
-            r.estimate.flops_per_token as f64
+    out!(
+        "model FLOP/s     {} ({:.3e} FLOPs/token × {:.0} tokens/s)",
+        flops(r.model_flops),
+        r.estimate.flops_per_token as f64,
+        r.tokens_per_sec
+    );
+    match (r.matmul_flops, r.matmul_size, r.mfu_vs_matmul) {
+        (Some(peak), Some(n), Some(mfu)) => out!(
+            "matmul peak      {} measured (f32 {n}×{n}×{n}, median of {}) → MFU vs matmul {:.1}%",
+            flops(peak),
+            ember_train::tools::bench::MATMUL_REPS,
+            100.0 * mfu
         ),
-        None => out!("MFU              — (unknown peak FLOP/s: pass --peak-flops)"),
+        _ => out!("matmul peak      — (skipped: --no-matmul-peak)"),
+    }
+    match (r.mfu, r.estimate.peak_flops) {
+        (Some(mfu), Some(peak)) => {
+            out!("MFU              {:.1}% of the {} spec-sheet peak", 100.0 * mfu, flops(peak))
+        }
+        _ => out!("MFU              — (no spec-sheet peak FLOP/s for this device: pass --peak-flops)"),
     }
     out!(
         "memory           peak RSS {:.1} MB, {:.1} MB above the {:.1} MB before the model; estimated {:.1} MB",
@@ -114,4 +133,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         (r.vocab_size as f64).ln()
     );
     Ok(())
+}
+
+/// FLOP/s with an SI prefix: `183.2 GFLOP/s`.
+fn flops(per_second: f64) -> String {
+    let (scale, prefix) = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")]
+        .into_iter()
+        .find(|(scale, _)| per_second >= *scale)
+        .unwrap_or((1.0, ""));
+    format!("{:.1} {prefix}FLOP/s", per_second / scale)
 }

@@ -54,7 +54,9 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
     let peak =
         args.peak_flops.or(config.peak_flops).or_else(|| args.gpu.as_deref().and_then(known_peak_flops));
     if let (Some(gpu), None) = (&args.gpu, peak) {
-        anyhow::bail!("--gpu {gpu:?}: not in the table (h200, h100, a100, l40s, rtx 4090, a10, v100); pass --peak-flops");
+        anyhow::bail!(
+            "--gpu {gpu:?}: not in the table (h200, h100, a100, l40s, rtx 4090, a10, v100); pass --peak-flops"
+        );
     }
     let e = estimate_run(&config, args.precision, peak, args.mfu);
     if args.json {
@@ -90,15 +92,25 @@ fn table(e: &Estimate, config: &RunConfig) -> String {
                 gb(e.persistent_bytes)
             ),
         ),
+        ("attention".into(), e.attention.describe().into()),
         (
             "activations per layer".into(),
             format!(
-                "{} retained [B,T,d] + {} attention scores [B,H,T,T]",
+                "{} retained [B,T,d] + {} per-row f32 statistics{}",
                 gb(a.per_layer),
-                gb(a.attention_per_layer)
+                gb(a.row_stats_per_layer),
+                match a.attention_per_layer {
+                    0 => String::new(),
+                    probabilities => format!(" + {} attention probabilities [B,H,T,T]", gb(probabilities)),
+                }
             ),
         ),
-        ("logits".into(), gb(a.logits)),
+        ("final norm".into(), gb(a.final_norm)),
+        ("embedding dropout".into(), format!("{} (its mask)", gb(a.embedding_dropout))),
+        (
+            "logits and loss".into(),
+            format!("{} (logits and their gradient, log-sum-exp per row)", gb(a.logits)),
+        ),
         (
             "activations".into(),
             format!("{} ({} with activation checkpointing)", gb(a.total), gb(a.total_checkpointed)),
@@ -138,6 +150,9 @@ fn table(e: &Estimate, config: &RunConfig) -> String {
             ),
         ),
     ];
+    // The embedding dropout's mask exists only with dropout.
+    let rows: Vec<_> =
+        rows.into_iter().filter(|(k, _)| k != "embedding dropout" || a.embedding_dropout > 0).collect();
     let width = rows.iter().map(|(k, _)| k.chars().count()).max().unwrap_or(0);
     rows.iter().map(|(k, v)| format!("{k:<width$}  {v}")).collect::<Vec<_>>().join("\n")
 }

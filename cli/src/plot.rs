@@ -164,20 +164,25 @@ fn line_chart(path: &Path, title: &str, y_desc: &str, lines: &Lines<'_>) -> anyh
     Ok(())
 }
 
-/// The logged steps' time split, stacked: data wait, forward+backward, sync, optimizer (ms).
+/// The logged steps' time split, stacked: data wait, forward, backward, sync, optimizer (ms);
+/// forward+backward as one phase for a run written before they were timed apart.
 fn time_chart(path: &Path, train: &[TrainRecord]) -> anyhow::Result<()> {
-    let phases: [Phase; 4] = [
-        ("data", |r| r.data_s, RGBColor(230, 180, 40)),
-        ("forward+backward", |r| r.forward_backward_s, RGBColor(60, 160, 80)),
-        ("sync", |r| r.step_sync_s, RGBColor(170, 70, 170)),
-        ("optimizer", |r| r.optimizer_s, RGBColor(40, 150, 200)),
-    ];
+    let data: Phase = ("data", |r| r.data_s, RGBColor(230, 180, 40));
+    let sync: Phase = ("sync", |r| r.step_sync_s, RGBColor(170, 70, 170));
+    let optimizer: Phase = ("optimizer", |r| r.optimizer_s, RGBColor(40, 150, 200));
+    let phases: Vec<Phase> = if train.iter().any(|r| r.forward_s > 0.0 || r.backward_s > 0.0) {
+        let forward: Phase = ("forward", |r| r.forward_s, RGBColor(60, 160, 80));
+        let backward: Phase = ("backward", |r| r.backward_s, RGBColor(140, 200, 110));
+        vec![data, forward, backward, sync, optimizer]
+    } else {
+        vec![data, ("forward+backward", |r| r.forward_backward_s, RGBColor(60, 160, 80)), sync, optimizer]
+    };
     let cumulative = |upto: usize| -> Vec<(f64, f64)> {
         train.iter().map(|r| (r.step as f64, phases[..=upto].iter().map(|p| 1e3 * (p.1)(r)).sum())).collect()
     };
     let root = BitMapBackend::new(path, (960, 540)).into_drawing_area();
     root.fill(&WHITE)?;
-    let (xs, ys) = bounds(cumulative(3).into_iter().chain([(train[0].step as f64, 0.0)]));
+    let (xs, ys) = bounds(cumulative(phases.len() - 1).into_iter().chain([(train[0].step as f64, 0.0)]));
     let mut chart = ChartBuilder::on(&root)
         .caption("time per logged step", ("sans-serif", 26))
         .margin(12)

@@ -23,6 +23,19 @@ fn estimate_gives_two_gigabytes_of_persistent_state_for_gpt2_124m() {
     assert_eq!(e["flops_per_token"], per_token);
     let step_s = e["step_seconds_at_mfu"].as_f64().unwrap();
     assert!((step_s - per_token as f64 * 2048.0 / (0.4 * 989e12)).abs() < 1e-12);
+    // Fused attention and loss, one row of 1024 tokens: per layer 16 × 1024·768 × 4 B +
+    // (2 LayerNorms × 2 + 12 heads) × 1024 × 4 B; final LayerNorm 2 × 3,145,728 + 2 × 4,096;
+    // loss 2 × 1024·50304 × 4 B + 4,096.
+    assert_eq!(e["attention"], "fused");
+    assert_eq!(e["activations"]["attention_per_layer"], 0);
+    assert_eq!(e["activations"]["total"], 12 * (50_331_648u64 + 65_536) + 6_299_648 + 412_094_464);
+    let dropout =
+        json(&ok(&["estimate", "--config", "gpt2.toml", "--json", "--set", "model.dropout=0.1"], dir.path()));
+    assert_eq!(dropout["attention"], "materialized");
+    // 3 × 12 heads × 1024² × 4 B per layer: probabilities, dropout mask, dropped probabilities.
+    assert_eq!(dropout["activations"]["attention_per_layer"], 3 * 12 * 1024 * 1024 * 4u64);
+    let table = ok(&["estimate", "--config", "gpt2.toml"], dir.path());
+    assert!(table.contains("attention  ") && table.contains("fused: keeps its output [B,T,H,Dh]"), "{table}");
     let table = ok(&["estimate", "--config", "gpt2.toml", "--precision", "bf16-mixed"], dir.path());
     assert!(
         table.contains("16 B/param = weights 2 + grads 2 + fp32 master 4 + AdamW m 4 + v 4 → 1.992 GB"),
@@ -46,17 +59,50 @@ fn bench_reports_throughput_phases_and_a_random_token_loss() {
     assert_eq!(r["steps"], 3);
     assert_eq!(r["tokens_per_step"], 4 * 16);
     assert!(r["tokens_per_sec"].as_f64().unwrap() > 0.0);
-    let fb = r["phases"]["forward_backward_ms"].as_f64().unwrap();
+    let (forward, backward) =
+        (r["phases"]["forward_ms"].as_f64().unwrap(), r["phases"]["backward_ms"].as_f64().unwrap());
     let total = r["ms_per_step"].as_f64().unwrap();
-    assert!(fb > 0.0 && fb <= total, "{r}");
+    assert!(forward > 0.0 && backward > 0.0 && forward + backward <= total, "{r}");
     assert_eq!(r["mfu"], serde_json::Value::Null, "no peak FLOP/s on the CPU");
+    // The measured 2048³ f32 matmul, and the step's FLOP/s against it.
+    let model_flops = r["model_flops"].as_f64().unwrap();
+    let matmul = r["matmul_flops"].as_f64().unwrap();
+    assert_eq!(r["matmul_size"], 2048);
+    assert!(matmul > 1e9, "{r}");
+    assert!((r["mfu_vs_matmul"].as_f64().unwrap() - model_flops / matmul).abs() < 1e-12);
     // Random targets: the loss of a freshly initialized model is close to ln(vocab).
     let vocab = r["vocab_size"].as_f64().unwrap();
     assert!((r["last_loss"].as_f64().unwrap() - vocab.ln()).abs() < 0.5, "{r}");
     let with_peak = json(&ok(
-        &["bench", "--config", "tiny.toml", "--steps", "1", "--json", "--peak-flops", "1e12"],
+        &[
+            "bench",
+            "--config",
+            "tiny.toml",
+            "--steps",
+            "1",
+            "--json",
+            "--peak-flops",
+            "1e12",
+            "--no-matmul-peak",
+        ],
         dir.path(),
     ));
+    assert_eq!(
+        (&with_peak["matmul_flops"], &with_peak["mfu_vs_matmul"]),
+        (&serde_json::Value::Null, &serde_json::Value::Null)
+    );
+    let text = ok(
+        &["bench", "--config", "tiny.toml", "--steps", "1", "--warmup", "0", "--no-matmul-peak"],
+        dir.path(),
+    );
+    for line in [
+        "| forward ",
+        "| backward ",
+        "matmul peak      — (skipped: --no-matmul-peak)",
+        "MFU              — (no spec-sheet peak",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
     let mfu = with_peak["mfu"].as_f64().unwrap();
     let expected = with_peak["estimate"]["flops_per_token"].as_f64().unwrap()
         * with_peak["tokens_per_sec"].as_f64().unwrap()
@@ -72,6 +118,18 @@ fn watch_prints_a_finished_run_as_plain_lines_when_not_in_a_terminal() {
     let steps = out.lines().filter(|l| l.starts_with("step ")).count();
     assert_eq!(steps, 6, "{out}");
     assert!(out.contains("eval      6 | val loss"), "{out}");
+    // Every logged step (log_every = 1) times forward and backward apart, within the pair.
+    let metrics = std::fs::read_to_string(dir.path().join("run/metrics.jsonl")).unwrap();
+    let train: Vec<serde_json::Value> = metrics.lines().map(json).filter(|r| r["kind"] == "train").collect();
+    assert_eq!(train.len(), 6);
+    for r in &train {
+        let (f, b, fb) = (
+            r["forward_s"].as_f64().unwrap(),
+            r["backward_s"].as_f64().unwrap(),
+            r["forward_backward_s"].as_f64().unwrap(),
+        );
+        assert!(f > 0.0 && b > 0.0 && f + b <= fb, "{r}");
+    }
     let err = fails(&["watch", "nowhere"], dir.path());
     assert!(err.contains("nowhere: no such run directory"), "{err}");
     assert!(Path::new(&dir.path().join("run/metrics.jsonl")).exists());

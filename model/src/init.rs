@@ -63,8 +63,18 @@ pub fn lm_logits<B: Backend>(
     head: Option<&Linear<B>>,
     embedding: &Param<Tensor<B, 2>>,
 ) -> Tensor<B, 3> {
+    // On the `[batch·seq_len, d_model]` view: one matmul, and one for the weight gradient
+    // (see [`crate::ops::linear`]).
     match head {
-        Some(head) => head.forward(hidden),
-        None => hidden.matmul(embedding.val().unsqueeze::<3>().swap_dims(1, 2)),
+        Some(head) => crate::ops::linear(head, hidden),
+        None => {
+            let [batch, seq_len, d_model] = hidden.dims();
+            let logits = crate::ops::linear::matmul(
+                hidden.reshape([batch * seq_len, d_model]),
+                embedding.val().transpose(),
+            );
+            let vocab = logits.dims()[1];
+            logits.reshape([batch, seq_len, vocab])
+        }
     }
 }

@@ -28,6 +28,7 @@ pub mod hf;
 pub mod init;
 pub mod llama;
 pub mod lm;
+pub mod ops;
 pub mod packing;
 
 pub use attention::{attention_reference, causal_attention, KvCache};

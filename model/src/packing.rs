@@ -11,10 +11,13 @@ use burn::tensor::{Bool, Int, Tensor, TensorData};
 /// cross-contamination"; Llama 3's document masking.)
 #[derive(Clone, Debug)]
 pub struct Packing<B: Backend> {
-    /// Position of every token within its document, `[batch, seq_len]`.
+    /// Position of every token within its document, `[batch, seq_len]`. Also the fused
+    /// attention's document mask: query `i` sees keys `i − positions[i] ..= i`
+    /// ([`crate::ops::flash_attention`]; documents are contiguous in a row).
     pub positions: Tensor<B, 2, Int>,
     /// `[batch, 1, seq_len, seq_len]`: true where query `i` must not see key `j` (a later
-    /// token, or another document's).
+    /// token, or another document's). Read only by the explicit attention path
+    /// ([`crate::attention_reference`]: attention dropout in training).
     pub mask: Tensor<B, 4, Bool>,
 }
 

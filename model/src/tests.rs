@@ -155,11 +155,11 @@ fn erf_and_tanh_gelu_give_close_but_different_logits() {
 fn gelu_tanh_matches_burns_gelu_approximate() {
     let device = Default::default();
     let x = Tensor::<B, 1>::from_floats([-3.0, -1.0, -0.1, 0.0, 0.5, 2.0, 4.0], &device);
-    let ours = crate::gpt::mlp::gelu_tanh(x.clone()).into_data();
+    let ours = crate::ops::activation::gelu_tanh(x.clone()).into_data();
     let burns = burn::tensor::activation::gelu_approximate(x).into_data();
     ours.assert_approx_eq::<f32>(&burns, Tolerance::absolute(1e-6));
     // GELU(1) with the tanh form: 0.5·(1 + tanh(0.7978846·1.044715)) = 0.8411920.
-    let one = crate::gpt::mlp::gelu_tanh(Tensor::<B, 1>::from_floats([1.0], &device)).into_scalar();
+    let one = crate::ops::activation::gelu_tanh(Tensor::<B, 1>::from_floats([1.0], &device)).into_scalar();
     assert!((one - 0.841_192).abs() < 1e-6, "{one}");
 }
 

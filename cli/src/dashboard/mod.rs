@@ -216,6 +216,8 @@ mod tests {
             allreduce: "tree".into(),
             allreduce_calls: step,
             forward_backward_s: 0.1472,
+            forward_s: 0.0491,
+            backward_s: 0.0981,
             optimizer_s: 0.0026,
             data_s: 0.0001,
             step_sync_s: 0.0024,
@@ -270,7 +272,8 @@ mod tests {
             "tokens/s    8615",
             "steps/s     5.61",
             "MFU         12.3%",
-            "fwd+bwd 147.2 ms",
+            "fwd 49.1 ms",
+            "bwd 98.1 ms",
             "sync 2.4 ms",
             "optim 2.6 ms",
             "compute-bound",
@@ -285,6 +288,29 @@ mod tests {
         }
         // ETA: 240 steps at 8615/1536 = 5.61 steps/s = 42.8 s.
         assert!(text.contains("ETA 42.8s"), "{text}");
+    }
+
+    #[test]
+    fn the_time_split_shows_forward_and_backward_apart_and_reads_older_records_whole() {
+        let mut d = board();
+        let phases = d.phases();
+        let names: Vec<&str> = phases.iter().map(|p| p.0).collect();
+        assert_eq!(names, ["data", "fwd", "bwd", "sync", "optim", "eval", "ckpt"]);
+        // Compute is forward and backward together: 60 ms of data wait is less than
+        // 49.1 + 98.1 ms, though more than either.
+        let mut r = record(70);
+        r.data_s = 0.06;
+        d.push(Record::Train(r.clone()));
+        assert_eq!(d.bound(), Some("compute"));
+        r.data_s = 0.15;
+        d.push(Record::Train(r.clone()));
+        assert_eq!(d.bound(), Some("data"));
+        // A record written before the split: one fwd+bwd phase.
+        (r.data_s, r.forward_s, r.backward_s) = (0.0001, 0.0, 0.0);
+        d.push(Record::Train(r));
+        let text = screen(&d);
+        assert!(text.contains("fwd+bwd 147.2 ms") && !text.contains("■ fwd 0.0 ms"), "{text}");
+        assert_eq!(d.bound(), Some("compute"));
     }
 
     #[test]

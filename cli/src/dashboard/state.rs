@@ -260,18 +260,40 @@ impl Dashboard {
         Some(r.tokens_per_sec / tokens_per_step.max(1.0))
     }
 
-    /// The newest step's time split: `(name, seconds)` for data wait, forward+backward,
+    /// The newest step's time split: `(name, seconds)` for data wait, forward, backward,
     /// gradient sync, optimizer, and the evaluation and checkpoint time since the previous
-    /// record.
+    /// record. A record written before forward and backward were timed apart gives one
+    /// `fwd+bwd` phase instead.
     pub fn phases(&self) -> Vec<(&'static str, f64)> {
         let Some(r) = &self.last else { return Vec::new() };
-        vec![
-            ("data", r.data_s),
-            ("fwd+bwd", r.forward_backward_s),
+        let mut phases = vec![("data", r.data_s)];
+        if r.forward_s > 0.0 || r.backward_s > 0.0 {
+            phases.extend([("fwd", r.forward_s), ("bwd", r.backward_s)]);
+        } else {
+            phases.push(("fwd+bwd", r.forward_backward_s));
+        }
+        phases.extend([
             ("sync", r.step_sync_s),
             ("optim", r.optimizer_s),
             ("eval", r.eval_s),
             ("ckpt", r.checkpoint_s),
-        ]
+        ]);
+        phases
+    }
+
+    /// What bounds the newest logged step: the largest of data wait, compute (forward and
+    /// backward together), gradient sync and optimizer; `None` before a timed record.
+    pub fn bound(&self) -> Option<&'static str> {
+        let r = self.last.as_ref()?;
+        let compute = if r.forward_s > 0.0 || r.backward_s > 0.0 {
+            r.forward_s + r.backward_s
+        } else {
+            r.forward_backward_s
+        };
+        [("data", r.data_s), ("compute", compute), ("sync", r.step_sync_s), ("optimizer", r.optimizer_s)]
+            .into_iter()
+            .filter(|p| p.1 > 0.0)
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|p| p.0)
     }
 }

@@ -9,8 +9,18 @@ use ratatui::Frame;
 
 use super::state::{Dashboard, View};
 
-const PHASE_COLORS: [Color; 6] =
-    [Color::Yellow, Color::Green, Color::Magenta, Color::Cyan, Color::Blue, Color::Red];
+/// The colour of a phase of the time split.
+fn phase_color(name: &str) -> Color {
+    match name {
+        "data" => Color::Yellow,
+        "fwd" | "fwd+bwd" => Color::Green,
+        "bwd" => Color::LightGreen,
+        "sync" => Color::Magenta,
+        "optim" => Color::Cyan,
+        "eval" => Color::Blue,
+        _ => Color::Red,
+    }
+}
 
 /// Draws `d` over the whole frame.
 pub fn draw(frame: &mut Frame<'_>, d: &Dashboard) {
@@ -173,24 +183,13 @@ fn time_split(frame: &mut Frame<'_>, area: Rect, d: &Dashboard) {
     let width = area.width.saturating_sub(2) as usize;
     let mut bar = Vec::new();
     let mut legend = Vec::new();
-    for (i, (name, s)) in phases.iter().enumerate() {
-        let style = Style::default().fg(PHASE_COLORS[i]);
+    for (name, s) in &phases {
+        let style = Style::default().fg(phase_color(name));
         let cells = if total > 0.0 { ((s / total) * width as f64).floor() as usize } else { 0 };
         bar.push(Span::styled("█".repeat(cells), style));
         legend.push(Span::styled(format!("■ {name} {:.1} ms ", 1e3 * s), style));
     }
-    let bound = match phases.iter().take(4).max_by(|a, b| a.1.total_cmp(&b.1)) {
-        Some((name, s)) if *s > 0.0 => format!(
-            "{}-bound",
-            match *name {
-                "data" => "data",
-                "fwd+bwd" => "compute",
-                "sync" => "sync",
-                _ => "optimizer",
-            }
-        ),
-        _ => "—".into(),
-    };
+    let bound = d.bound().map_or("—".into(), |b| format!("{b}-bound"));
     let title = format!("time per step (logged step, device-synchronized): {:.1} ms · {bound}", 1e3 * total);
     let text = vec![Line::from(bar), Line::from(legend)];
     frame.render_widget(Paragraph::new(text).wrap(Wrap { trim: true }).block(block(&title)), area);

@@ -3,11 +3,12 @@
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, Tensor};
+use burn::tensor::Tensor;
 
 use super::config::GptConfig;
-use crate::attention::{causal_attention, with_cache, LayerCache};
-use crate::init;
+use crate::attention::{causal_attention, causal_attention_qkv, split_qkv, with_cache, LayerCache};
+use crate::packing::Packing;
+use crate::{init, ops};
 
 /// Multi-head causal self-attention (Radford et al. 2019; nanoGPT `CausalSelfAttention`).
 /// Parameter names follow Hugging Face GPT-2 (`c_attn` = q|k|v fused, `c_proj`).
@@ -37,24 +38,28 @@ impl<B: Backend> CausalSelfAttention<B> {
     }
 
     /// `x`: `[batch, seq_len, d_model]` → `[batch, seq_len, d_model]`; with a cache, `x`
-    /// holds the new positions only and attends to the cached ones too; `mask` replaces the
-    /// causal mask for packed documents (see [`crate::Packing`]).
+    /// holds the new positions only and attends to the cached ones too; `packing` restricts
+    /// each token to its own document (see [`crate::Packing`]).
+    ///
+    /// Without a cache the fused op reads q, k and v as strided views of the `c_attn` output
+    /// `[batch, seq_len, 3, n_head, d_head]`, and its output `[batch, seq_len, n_head,
+    /// d_head]` is already in the layout `c_proj` reads (no head transposes or copies).
     pub fn forward(
         &self,
         x: Tensor<B, 3>,
         cache: Option<LayerCache<'_, B>>,
-        mask: Option<&Tensor<B, 4, Bool>>,
+        packing: Option<&Packing<B>>,
     ) -> Tensor<B, 3> {
         let [batch, seq_len, d_model] = x.dims();
-        let heads = |t: Tensor<B, 3>| {
-            t.reshape([batch, seq_len, self.n_head, d_model / self.n_head]).swap_dims(1, 2)
-            // [B, H, T, Dh]
-        };
-        let mut qkv = self.c_attn.forward(x).chunk(3, 2).into_iter().map(heads); // q | k | v
-        let (q, k, v) = (qkv.next().unwrap(), qkv.next().unwrap(), qkv.next().unwrap());
-        let (k, v) = with_cache(cache, k, v);
-        let y = causal_attention(q, k, v, mask, Some(&self.attn_dropout)); // [B, H, T, Dh]
-        let y = y.swap_dims(1, 2).reshape([batch, seq_len, d_model]);
-        self.resid_dropout.forward(self.c_proj.forward(y))
+        let qkv = ops::linear(&self.c_attn, x); // [B, T, 3C]: q | k | v
+        let y = match cache {
+            None => causal_attention_qkv(qkv, self.n_head, packing, Some(&self.attn_dropout)),
+            Some(cache) => {
+                let (q, k, v) = split_qkv(qkv, self.n_head); // [B, T, H, Dh]
+                let (k, v) = with_cache(Some(cache), k, v);
+                causal_attention(q, k, v, packing, Some(&self.attn_dropout))
+            }
+        }; // [B, T, H, Dh]
+        self.resid_dropout.forward(ops::linear(&self.c_proj, y.reshape([batch, seq_len, d_model])))
     }
 }

@@ -3,12 +3,14 @@
 use burn::module::Module;
 use burn::nn::{LayerNorm, LayerNormConfig};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, Tensor};
+use burn::tensor::Tensor;
 
 use super::attention::CausalSelfAttention;
 use super::config::GptConfig;
 use super::mlp::Mlp;
 use crate::attention::LayerCache;
+use crate::ops::norm::layer_norm_module;
+use crate::packing::Packing;
 
 /// `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`.
 #[derive(Module, Debug)]
@@ -21,6 +23,10 @@ pub struct Block<B: Backend> {
     pub ln_2: LayerNorm<B>,
     /// Feed-forward block.
     pub mlp: Mlp<B>,
+    /// The LayerNorms' ε (`GptConfig::layer_norm_eps`; Burn's `LayerNorm` keeps its own
+    /// private). A constant like `Gpt::block_size`: its record entry is empty, so checkpoints
+    /// hold the same parameters and older ones still load.
+    ln_eps: f64,
 }
 
 impl<B: Backend> Block<B> {
@@ -31,23 +37,26 @@ impl<B: Backend> Block<B> {
             attn: CausalSelfAttention::new(config, device),
             ln_2: layer_norm(config, device),
             mlp: Mlp::new(config, device),
+            ln_eps: config.layer_norm_eps,
         }
     }
 
     /// `x`: `[batch, seq_len, d_model]` → `[batch, seq_len, d_model]` (with a cache: the new
-    /// positions only; `mask`: packed documents).
+    /// positions only; `packing`: packed documents).
     pub fn forward(
         &self,
         x: Tensor<B, 3>,
         cache: Option<LayerCache<'_, B>>,
-        mask: Option<&Tensor<B, 4, Bool>>,
+        packing: Option<&Packing<B>>,
     ) -> Tensor<B, 3> {
-        let x = x.clone() + self.attn.forward(self.ln_1.forward(x), cache, mask);
-        x.clone() + self.mlp.forward(self.ln_2.forward(x))
+        let ln = |ln: &LayerNorm<B>, x: Tensor<B, 3>| layer_norm_module(ln, x, self.ln_eps); // fused (ops::norm)
+        let x = x.clone() + self.attn.forward(ln(&self.ln_1, x), cache, packing);
+        x.clone() + self.mlp.forward(ln(&self.ln_2, x))
     }
 }
 
-/// A LayerNorm over `d_model` (gain 1, bias 0 when `config.bias`).
+/// A LayerNorm over `d_model` (gain 1, bias 0 when `config.bias`): the parameter holder; the
+/// forward is [`crate::ops::layer_norm`].
 pub fn layer_norm<B: Backend>(config: &GptConfig, device: &B::Device) -> LayerNorm<B> {
     LayerNormConfig::new(config.d_model)
         .with_epsilon(config.layer_norm_eps)

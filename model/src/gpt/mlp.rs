@@ -2,12 +2,11 @@
 
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear};
-use burn::tensor::activation::gelu;
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
 use super::config::{GeluKind, GptConfig};
-use crate::init;
+use crate::{init, ops};
 
 /// GPT-2's MLP (Radford et al. 2018 §3.1; Vaswani et al. 2017 eq. 2 with GELU):
 /// `[batch, seq_len, d_model] → [.., 4·d_model] → GELU → [.., d_model]`.
@@ -35,18 +34,8 @@ impl<B: Backend> Mlp<B> {
 
     /// `x`: `[batch, seq_len, d_model]` → `[batch, seq_len, d_model]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let h = self.c_fc.forward(x);
-        let h = if self.exact_gelu { gelu(h) } else { gelu_tanh(h) };
-        self.dropout.forward(self.c_proj.forward(h))
+        let kind = if self.exact_gelu { GeluKind::Erf } else { GeluKind::Tanh };
+        let h = ops::gelu(ops::linear(&self.c_fc, x), kind); // fused: one pass, its own backward
+        self.dropout.forward(ops::linear(&self.c_proj, h))
     }
-}
-
-/// GPT-2's tanh-approximate GELU, `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` (Hendrycks &
-/// Gimpel 2016, §2; Hugging Face `gelu_new`). Same formula as Burn's `gelu_approximate`, with
-/// `x³` as two multiplications: on the CPU backend `powf` made the MLP a third slower.
-pub fn gelu_tanh<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
-    const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4; // √(2/π)
-    let cube = x.clone() * x.clone() * x.clone();
-    let inner = (x.clone() + cube * 0.044715) * SQRT_2_OVER_PI;
-    x * (inner.tanh() + 1.0) * 0.5
 }

@@ -11,6 +11,7 @@ use crate::attention::KvCache;
 use crate::decoder::{new_positions, through_blocks, Decoder};
 use crate::error::ConfigError;
 use crate::init;
+use crate::ops::norm::layer_norm_module;
 use crate::packing::Packing;
 
 /// A GPT-2-style decoder-only Transformer (Radford et al. 2019; nanoGPT `model.py`).
@@ -31,6 +32,8 @@ pub struct Gpt<B: Backend> {
     pub lm_head: Option<Linear<B>>,
     drop: Dropout,
     block_size: usize,
+    /// `ln_f`'s ε (`GptConfig::layer_norm_eps`), a constant like `block_size`.
+    ln_eps: f64,
 }
 
 impl GptConfig {
@@ -49,6 +52,7 @@ impl GptConfig {
             lm_head: (!self.tie_embeddings).then(|| init::linear(c, v, false, init::INIT_STD, device)),
             drop: DropoutConfig::new(self.dropout).init(),
             block_size: self.block_size,
+            ln_eps: self.layer_norm_eps,
         };
         init::materialize(&model);
         Ok(model)
@@ -65,9 +69,8 @@ impl<B: Backend> Decoder<B> for Gpt<B> {
         let positions = new_positions(&tokens, &cache, packing, self.block_size);
         let x = self.wte.forward(tokens) + self.wpe.forward(positions); // [B, T, C] + [1 or B, T, C]
         let x = self.drop.forward(x);
-        let mask = packing.map(|p| &p.mask);
-        let x = through_blocks(x, self.h.len(), cache, |i, x, cache| self.h[i].forward(x, cache, mask));
-        self.ln_f.forward(x)
+        let x = through_blocks(x, self.h.len(), cache, |i, x, cache| self.h[i].forward(x, cache, packing));
+        layer_norm_module(&self.ln_f, x, self.ln_eps)
     }
 
     /// Projects hidden states `[batch, seq_len, d_model]` to logits `[batch, seq_len, vocab]`,

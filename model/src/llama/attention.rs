@@ -3,12 +3,13 @@
 use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, Tensor};
+use burn::tensor::Tensor;
 
 use super::config::LlamaConfig;
 use super::rope::apply_rope;
 use crate::attention::{causal_attention, with_cache, LayerCache};
-use crate::init;
+use crate::packing::Packing;
+use crate::{init, ops};
 
 /// Llama self-attention (Hugging Face `LlamaAttention`): q, k, v projections without bias,
 /// RoPE on q and k, `n_kv_head` key/value heads shared by groups of query heads
@@ -43,43 +44,30 @@ impl<B: Backend> LlamaAttention<B> {
     }
 
     /// `x`: `[batch, seq_len, d_model]` → `[batch, seq_len, d_model]`; `cos`/`sin`: the RoPE
-    /// tables of the positions of `x` (`[batch or 1, 1, seq_len, d_head]`); `mask` replaces the
-    /// causal mask for packed documents.
+    /// tables of the positions of `x` (`[batch or 1, seq_len, 1, d_head]`); `packing` restricts
+    /// each token to its own document (see [`crate::Packing`]).
+    ///
+    /// Heads stay in the projections' layout `[batch, seq_len, heads, d_head]` throughout
+    /// (RoPE, the fused attention with grouped kv heads read in place — no `repeat_kv` copy —
+    /// and the output projection), so no transpose is ever copied.
     pub fn forward(
         &self,
         x: Tensor<B, 3>,
         cos: Tensor<B, 4>,
         sin: Tensor<B, 4>,
         cache: Option<LayerCache<'_, B>>,
-        mask: Option<&Tensor<B, 4, Bool>>,
+        packing: Option<&Packing<B>>,
     ) -> Tensor<B, 3> {
         let [batch, seq_len, d_model] = x.dims();
         let d_head = d_model / self.n_head;
-        let heads = |t: Tensor<B, 3>, n: usize| t.reshape([batch, seq_len, n, d_head]).swap_dims(1, 2);
-        let q = heads(self.q_proj.forward(x.clone()), self.n_head); // [B, H, T, Dh]
-        let k = heads(self.k_proj.forward(x.clone()), self.n_kv_head); // [B, KV, T, Dh]
-        let v = heads(self.v_proj.forward(x), self.n_kv_head);
+        let heads = |t: Tensor<B, 3>, n: usize| t.reshape([batch, seq_len, n, d_head]);
+        let q = heads(ops::linear(&self.q_proj, x.clone()), self.n_head); // [B, T, H, Dh]
+        let k = heads(ops::linear(&self.k_proj, x.clone()), self.n_kv_head); // [B, T, KV, Dh]
+        let v = heads(ops::linear(&self.v_proj, x), self.n_kv_head);
         let q = apply_rope(q, cos.clone(), sin.clone());
         let k = apply_rope(k, cos, sin);
-        let (k, v) = with_cache(cache, k, v); // [B, KV, T_all, Dh]
-        let (k, v) = (self.repeat_kv(k), self.repeat_kv(v)); // [B, H, T_all, Dh]
-        let y = causal_attention(q, k, v, mask, None);
-        self.o_proj.forward(y.swap_dims(1, 2).reshape([batch, seq_len, d_model]))
-    }
-
-    /// `[batch, n_kv_head, len, d_head]` → `[batch, n_head, len, d_head]`, each key/value head
-    /// repeated for its `n_head / n_kv_head` query heads (Hugging Face `repeat_kv`).
-    fn repeat_kv(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let n_rep = self.n_head / self.n_kv_head;
-        if n_rep == 1 {
-            return x;
-        }
-        let [batch, kv, len, d_head] = x.dims();
-        x.unsqueeze_dim::<5>(2).expand([batch, kv, n_rep, len, d_head]).reshape([
-            batch,
-            kv * n_rep,
-            len,
-            d_head,
-        ])
+        let (k, v) = with_cache(cache, k, v); // [B, T_all, KV, Dh]
+        let y = causal_attention(q, k, v, packing, None); // [B, T, H, Dh]
+        ops::linear(&self.o_proj, y.reshape([batch, seq_len, d_model]))
     }
 }

@@ -3,12 +3,14 @@
 use burn::module::Module;
 use burn::nn::{RmsNorm, RmsNormConfig};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, Tensor};
+use burn::tensor::Tensor;
 
 use super::attention::LlamaAttention;
 use super::config::LlamaConfig;
 use super::mlp::LlamaMlp;
 use crate::attention::LayerCache;
+use crate::ops::norm::rms_norm_module;
+use crate::packing::Packing;
 
 /// `h = x + attn(rms(x))`, `out = h + mlp(rms(h))` (Hugging Face `LlamaDecoderLayer`).
 #[derive(Module, Debug)]
@@ -41,15 +43,16 @@ impl<B: Backend> LlamaLayer<B> {
         cos: Tensor<B, 4>,
         sin: Tensor<B, 4>,
         cache: Option<LayerCache<'_, B>>,
-        mask: Option<&Tensor<B, 4, Bool>>,
+        packing: Option<&Packing<B>>,
     ) -> Tensor<B, 3> {
-        let h = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, cache, mask);
-        h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
+        let h = x.clone()
+            + self.self_attn.forward(rms_norm_module(&self.input_layernorm, x), cos, sin, cache, packing);
+        h.clone() + self.mlp.forward(rms_norm_module(&self.post_attention_layernorm, h))
     }
 }
 
 /// RMSNorm over `d_model`: `x / √(mean(x²) + ε) · g` (Zhang & Sennrich 2019, eq. 4), computed
-/// in f32 by Burn.
+/// in f32. The module holds the parameters and ε; the forward is [`crate::ops::rms_norm`].
 pub fn rms_norm<B: Backend>(config: &LlamaConfig, device: &B::Device) -> RmsNorm<B> {
     RmsNormConfig::new(config.d_model).with_epsilon(config.rms_norm_eps).init(device)
 }

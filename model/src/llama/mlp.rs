@@ -2,12 +2,11 @@
 
 use burn::module::Module;
 use burn::nn::Linear;
-use burn::tensor::activation::silu;
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
 use super::config::LlamaConfig;
-use crate::init;
+use crate::{init, ops};
 
 /// `down_proj(SiLU(gate_proj(x)) ⊙ up_proj(x))` (Shazeer 2020, eq. 6, FFN_SwiGLU; Hugging
 /// Face `LlamaMLP`): `[.., d_model] → [.., d_ff] → [.., d_model]`, no biases.
@@ -31,7 +30,7 @@ impl<B: Backend> LlamaMlp<B> {
 
     /// `x`: `[batch, seq_len, d_model]` → `[batch, seq_len, d_model]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let gate = silu(self.gate_proj.forward(x.clone()));
-        self.down_proj.forward(gate * self.up_proj.forward(x))
+        let hidden = ops::swiglu(ops::linear(&self.gate_proj, x.clone()), ops::linear(&self.up_proj, x)); // fused
+        ops::linear(&self.down_proj, hidden)
     }
 }

@@ -12,6 +12,7 @@ use crate::attention::KvCache;
 use crate::decoder::{new_positions, through_blocks, Decoder};
 use crate::error::ConfigError;
 use crate::init;
+use crate::ops::norm::rms_norm_module;
 use crate::packing::Packing;
 
 /// The body of a Llama model (Hugging Face `LlamaModel`, saved under `model.`).
@@ -74,12 +75,11 @@ impl<B: Backend> Decoder<B> for Llama<B> {
         let x = self.model.embed_tokens.forward(tokens);
         let d_head = x.dims()[2] / self.n_head;
         let (cos, sin) = rope_tables(positions, d_head, self.rope_theta);
-        let mask = packing.map(|p| &p.mask);
         let layers = &self.model.layers;
         let x = through_blocks(x, layers.len(), cache, |i, x, cache| {
-            layers[i].forward(x, cos.clone(), sin.clone(), cache, mask)
+            layers[i].forward(x, cos.clone(), sin.clone(), cache, packing)
         });
-        self.model.norm.forward(x)
+        rms_norm_module(&self.model.norm, x)
     }
 
     /// Hidden states `[batch, seq_len, d_model]` → logits `[batch, seq_len, vocab]`.

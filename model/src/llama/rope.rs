@@ -3,7 +3,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
-/// `cos` and `sin` tables `[rows, 1, len, d_head]` for `positions` (`[rows, len]`; `rows` is
+/// `cos` and `sin` tables `[rows, len, 1, d_head]` for `positions` (`[rows, len]`; `rows` is
 /// the batch, or 1 for positions shared by every row) (Su et al. 2021, RoFormer eq. 34;
 /// Hugging Face `LlamaRotaryEmbedding`): `inv_freq[j] = 1 / θ^(2j/d_head)`, angle
 /// `p·inv_freq[j]`, the `d_head/2` angles repeated twice (`cat(freqs, freqs)`), in f32 as the
@@ -19,18 +19,19 @@ pub fn rope_tables<B: Backend>(
     let device = positions.device();
     let inv_freq = Tensor::<B, 3>::from_data(TensorData::new(inv_freq, [1, 1, d_head]), &device);
     let angles = positions.float().unsqueeze_dim::<3>(2) * inv_freq; // [rows, len, d_head]
-    (angles.clone().cos().unsqueeze_dim(1), angles.sin().unsqueeze_dim(1))
+    (angles.clone().cos().unsqueeze_dim(2), angles.sin().unsqueeze_dim(2))
 }
 
-/// Applies RoPE to `x` `[batch, heads, len, d_head]`: `x·cos + rotate_half(x)·sin`, where
+/// Applies RoPE to `x` `[batch, len, heads, d_head]` (tables `[batch or 1, len, 1, d_head]`,
+/// broadcast over the heads): `x·cos + rotate_half(x)·sin`, where
 /// `rotate_half([x₁, x₂]) = [−x₂, x₁]` over the two halves of the head. This is Hugging
 /// Face's layout; Burn's `RotaryEncoding` rotates interleaved pairs `(x₀, x₁), (x₂, x₃)…`,
 /// which gives different results on the same weights.
 pub fn apply_rope<B: Backend>(x: Tensor<B, 4>, cos: Tensor<B, 4>, sin: Tensor<B, 4>) -> Tensor<B, 4> {
-    let [batch, heads, len, d_head] = x.dims();
+    let [batch, len, heads, d_head] = x.dims();
     let half = d_head / 2;
-    let x1 = x.clone().slice([0..batch, 0..heads, 0..len, 0..half]);
-    let x2 = x.clone().slice([0..batch, 0..heads, 0..len, half..d_head]);
+    let x1 = x.clone().slice([0..batch, 0..len, 0..heads, 0..half]);
+    let x2 = x.clone().slice([0..batch, 0..len, 0..heads, half..d_head]);
     let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
     x * cos + rotated * sin
 }

@@ -9,6 +9,17 @@
 //! the per-layer activation count follow Rajbhandari et al. 2020 (ZeRO, §3.1) and Korthikanti
 //! et al. 2022 ("Reducing Activation Recomputation", §4.1); ~20 tokens per parameter is
 //! Hoffmann et al. 2022 (Chinchilla, Table 3).
+//!
+//! Activations of one micro-batch (`B` rows of `T` tokens, width `d`, `H` heads, vocabulary
+//! `V`, `L` layers; see [`Activations`]): `L × (16·B·T·d + (4 + H)·B·T f32)` for GPT-2 with
+//! the fused LayerNorm, attention and loss — each LayerNorm keeps its input and a mean and
+//! 1/std per row, attention its output and a log-sum-exp per row and head (FlashAttention, Dao
+//! et al. 2022, §3.1: the `[B, H, T, T]` probabilities are recomputed in the backward pass) —
+//! plus the final norm `2·B·T·d + 2·B·T f32` and the loss `2·B·T·V + B·T f32` (the logits, their
+//! gradient, a log-sum-exp per row; no log-softmax copy). With dropout the explicit attention
+//! adds `3·B·H·T²` per layer (probabilities, dropout mask, dropped probabilities) instead of the
+//! log-sum-exps, and each dropout keeps its mask (`2·B·T·d` per layer, `B·T·d` after the
+//! embeddings).
 
 use ember_model::ModelConfig;
 use serde::Serialize;
@@ -75,32 +86,108 @@ impl PerParam {
 }
 
 /// Tensors of `[batch, seq_len, d_model]` that one pre-norm GPT-2 layer keeps for the backward
-/// pass under Burn's autodiff (no dropout), counted from Burn 0.21's ops: each LayerNorm keeps
-/// its input, the centred input, the normalized input and its output (4, twice: 8); q, k, v
-/// (3); the attention output before and after merging the heads (2); the MLP's up-projection
-/// (4) and its GELU output (4): 21. Korthikanti et al. 2022 (§4.1) count 34 bytes per element
-/// at 2 bytes each with dropout masks and fused LayerNorms: 17.
-pub const GPT2_LAYER_TENSORS: u64 = 21;
+/// pass under Burn's autodiff (no dropout; see [`DROPOUT_MASKS_PER_LAYER`]), with Ember's fused LayerNorm, attention and GELU
+/// (`ember_model::ops`): each LayerNorm keeps its input (1; plus per-row statistics, see
+/// [`ROW_STATS_PER_NORM`]) and its output is kept as the next projection's input (1), twice:
+/// 4; q, k, v (`c_attn`'s output, which the fused attention reads in place: 3); the attention
+/// output `[B, T, H, Dh]`, which is also `c_proj`'s input (a free reshape: 1); the MLP's
+/// up-projection, GELU's input (4), and the GELU output, `c_proj`'s input (4): 16. (Burn's
+/// composed LayerNorm kept 4 tensors each, and its attention the output before and after
+/// merging the heads: 21.) On the explicit attention path (dropout) the merged copy of the
+/// heads takes the output's place: 16 too. Korthikanti et al. 2022 (§4.1) count `34·s·b·h`
+/// bytes at 2 bytes per element: the same 16 tensors plus two 1-byte dropout masks.
+pub const GPT2_LAYER_TENSORS: u64 = 16;
 
-/// Activation memory of one optimizer micro-step, bytes.
+/// `[batch, seq_len, d_model]` masks a GPT-2 layer keeps when `dropout > 0`: Burn's `Dropout`
+/// multiplies by a float mask and keeps it for the backward pass, after the attention output
+/// projection and after the MLP (the attention weights' mask is part of
+/// [`Activations::attention_per_layer`]).
+pub const DROPOUT_MASKS_PER_LAYER: u64 = 2;
+
+/// Per-row f32 statistics a fused LayerNorm keeps for its backward pass: the mean and 1/std
+/// of each of the `batch × seq_len` rows (a fused RMSNorm keeps 1/rms only).
+pub const ROW_STATS_PER_NORM: u64 = 2;
+
+/// Bytes of the f32 per-row statistics (LayerNorm mean and 1/std, log-sum-exps), whatever the
+/// precision of the activations.
+const STAT_BYTES: u64 = 4;
+
+/// What training attention keeps for its backward pass: the term of the activation memory
+/// that decides whether long contexts fit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AttentionPath {
+    /// Ember's fused attention (flash-style): keeps its output (`[B, T, H, Dh]`, the size of
+    /// `[B, H, T, Dh]`) and a log-sum-exp per query row and head (`B·H·T` f32), never the
+    /// `[B, H, T, T]` scores or probabilities; the backward recomputes them from q, k and the
+    /// log-sum-exp, a block of rows at a time (no `T²` term is counted).
+    Fused,
+    /// The explicit `softmax(Q·Kᵀ/√d)·V` ([`ember_model`]'s `attention_reference`), which
+    /// training runs when attention dropout is on: keeps the probabilities `[B, H, T, T]` and,
+    /// with dropout, the dropout mask and the dropped probabilities too (`3 × [B, H, T, T]`).
+    Materialized,
+}
+
+impl AttentionPath {
+    /// The path training takes for `model`: materialized when GPT-2's attention dropout is on
+    /// (the fused op has no dropout), fused otherwise.
+    pub fn of(model: &ModelConfig) -> Self {
+        match model {
+            ModelConfig::Gpt2(c) if c.dropout > 0.0 => AttentionPath::Materialized,
+            _ => AttentionPath::Fused,
+        }
+    }
+
+    /// One line for `ember estimate`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            AttentionPath::Fused => {
+                "fused: keeps its output [B,T,H,Dh] and a log-sum-exp per row and head [B,H,T], never [B,H,T,T]"
+            }
+            AttentionPath::Materialized => {
+                "materialized (attention dropout > 0): keeps probabilities, dropout mask and dropped probabilities, 3 × [B,H,T,T]"
+            }
+        }
+    }
+}
+
+/// Activation memory of one optimizer micro-step, bytes. `B` batch, `T` seq_len, `d` d_model,
+/// `H` heads, `V` vocabulary, `L` layers; activations at the precision's bytes per element,
+/// per-row statistics in f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Activations {
-    /// Retained `[batch, seq_len, d_model]`-sized tensors of one layer.
+    /// Retained activations of one layer: [`GPT2_LAYER_TENSORS`] (+
+    /// [`DROPOUT_MASKS_PER_LAYER`] with dropout) × `B·T·d` for GPT-2;
+    /// `B·T × (6·d + 2·kv + 3·d_ff)` for Llama (two RMSNorms' inputs and outputs, q after RoPE,
+    /// k after RoPE and v at `kv = n_kv_head·d_head` wide, the attention output, SwiGLU's gate
+    /// and up inputs and its output).
     pub per_layer: u64,
-    /// The attention scores and probabilities of one layer, `2 × batch × heads × seq_len²`
-    /// elements, when attention materializes them (0 otherwise).
+    /// Per-row f32 statistics of one layer: each norm's (LayerNorm: mean and 1/std, `2 × 2 ×
+    /// B·T`; RMSNorm: 1/rms, `2 × B·T`) and, on the fused path, attention's log-sum-exp
+    /// (`H × B·T`).
+    pub row_stats_per_layer: u64,
+    /// The attention probabilities of one layer, `B·H·T²` elements, on the materialized path,
+    /// `3 × B·H·T²` with dropout (its mask and the dropped probabilities); 0 on the fused one.
     pub attention_per_layer: u64,
-    /// Logits, their log-softmax and the gradients of both: `4 × batch × seq_len × vocab`
-    /// elements.
+    /// The embedding dropout's mask, `B·T·d` (0 without dropout).
+    pub embedding_dropout: u64,
+    /// The final norm: its input and output (`2 × B·T·d`, the output being the LM head's
+    /// input) and its per-row statistics (`2 × B·T` f32 for GPT-2's LayerNorm, `B·T` for
+    /// Llama's RMSNorm).
+    pub final_norm: u64,
+    /// The loss: the logits `[B·T, V]` (the LM head's output, kept by the fused loss instead
+    /// of a log-softmax copy), their gradient (`[B·T, V]`, alive in the backward pass), and the
+    /// log-sum-exp of each row (`B·T` f32): `2 × B·T·V` elements `+ B·T` f32.
     pub logits: u64,
-    /// All layers kept: `n_layer × (per_layer + attention_per_layer) + logits`.
+    /// All layers kept: `L × (per_layer + row_stats_per_layer + attention_per_layer) +
+    /// embedding_dropout + final_norm + logits`.
     pub total: u64,
     /// The backward pass's working set: the gradients of one layer's activations alive at
     /// once, `per_layer + attention_per_layer`; part of the peak, not retained.
     pub backward_working_set: u64,
-    /// With activation checkpointing (one `[batch, seq_len, d_model]` input per layer kept,
-    /// one layer recomputed at a time): `n_layer × batch·seq_len·d_model + per_layer +
-    /// attention_per_layer + logits`.
+    /// With activation checkpointing (one `[B, T, d]` input per layer kept, one layer
+    /// recomputed at a time): `L × B·T·d + per_layer + row_stats_per_layer +
+    /// attention_per_layer + embedding_dropout + final_norm + logits`.
     pub total_checkpointed: u64,
 }
 
@@ -114,6 +201,8 @@ pub struct Estimate {
     pub params_without_positions: u64,
     /// Precision of the persistent state.
     pub precision: Precision,
+    /// What training attention is assumed to keep.
+    pub attention: AttentionPath,
     /// Persistent bytes per parameter.
     pub per_param: PerParam,
     /// Persistent bytes: parameters × bytes per parameter.
@@ -149,8 +238,14 @@ struct Dims {
     d_model: u64,
     vocab: u64,
     positions: u64,
-    /// Retained `[B, T, d]` tensors per layer.
-    layer_tensors: u64,
+    /// Elements per token (row) a layer retains.
+    layer_width: u64,
+    /// Per-row f32 statistics per layer kept by its norms.
+    norm_stats: u64,
+    /// Per-row f32 statistics of the final norm.
+    final_norm_stats: u64,
+    /// Dropout is on (training keeps its masks).
+    dropout: bool,
 }
 
 fn dims(model: &ModelConfig) -> Dims {
@@ -161,12 +256,16 @@ fn dims(model: &ModelConfig) -> Dims {
             d_model: c.d_model as u64,
             vocab: c.vocab_size as u64,
             positions: (c.block_size * c.d_model) as u64,
-            layer_tensors: GPT2_LAYER_TENSORS,
+            layer_width: (GPT2_LAYER_TENSORS + if c.dropout > 0.0 { DROPOUT_MASKS_PER_LAYER } else { 0 })
+                * c.d_model as u64,
+            norm_stats: 2 * ROW_STATS_PER_NORM,
+            final_norm_stats: ROW_STATS_PER_NORM,
+            dropout: c.dropout > 0.0,
         },
         ModelConfig::Llama(c) => {
-            // RMSNorm input, normalized and output (3, twice), q, k, v (1 + 2·kv/d), attention
-            // output before and after merging heads (2), gate, up, SiLU(gate), their product
-            // (4 × d_ff/d).
+            // Fused RMSNorm input and output (2 × d, twice), q and k after RoPE and v (d + 2·kv;
+            // RoPE's products keep only the shared cos/sin tables), the attention output, also
+            // o_proj's input (d), SwiGLU's gate and up inputs and its output (3 × d_ff).
             let d = c.d_model as u64;
             let kv = (c.n_kv_head * c.d_model / c.n_head) as u64;
             let ff = c.d_ff as u64;
@@ -176,17 +275,19 @@ fn dims(model: &ModelConfig) -> Dims {
                 d_model: d,
                 vocab: c.vocab_size as u64,
                 positions: 0,
-                layer_tensors: 6 + 1 + (2 * kv).div_ceil(d) + 2 + (4 * ff).div_ceil(d),
+                layer_width: 4 * d + d + 2 * kv + d + 3 * ff,
+                norm_stats: 2,
+                final_norm_stats: 1,
+                dropout: false,
             }
         }
     }
 }
 
 /// Accounts `model` trained with micro-batches of `micro_batch` sequences of `seq_len` tokens,
-/// `tokens_per_step` tokens per optimizer step, in `precision`; attention materializes its
-/// `[batch, heads, seq_len, seq_len]` scores when `materialized_attention` (Burn's fused
-/// attention does under autodiff). `peak_flops` (FLOP/s of one device) and `mfu` give the
-/// time per step on `world_size` devices.
+/// `tokens_per_step` tokens per optimizer step, in `precision`, with training attention on
+/// `attention`'s path (see [`Activations`] for each term). `peak_flops` (FLOP/s of one device)
+/// and `mfu` give the time per step on `world_size` devices.
 #[allow(clippy::too_many_arguments)]
 pub fn estimate(
     model: &ModelConfig,
@@ -195,7 +296,7 @@ pub fn estimate(
     tokens_per_step: u64,
     world_size: u64,
     precision: Precision,
-    materialized_attention: bool,
+    attention: AttentionPath,
     peak_flops: Option<f64>,
     mfu: f64,
 ) -> Estimate {
@@ -204,17 +305,30 @@ pub fn estimate(
     let per_param = precision.per_param();
     let persistent_bytes = params * per_param.total();
     let bytes = precision.activation_bytes();
-    let btd = micro_batch * seq_len * d.d_model * bytes;
-    let per_layer = d.layer_tensors * btd;
-    let attention_per_layer =
-        if materialized_attention { 2 * micro_batch * d.n_head * seq_len * seq_len * bytes } else { 0 };
-    let logits = 4 * micro_batch * seq_len * d.vocab * bytes;
-    let total = d.n_layer * (per_layer + attention_per_layer) + logits;
-    let total_checkpointed = d.n_layer * btd + per_layer + attention_per_layer + logits;
+    let rows = micro_batch * seq_len; // B·T
+    let btd = rows * d.d_model * bytes;
+    let per_layer = rows * d.layer_width * bytes;
+    let (lse_per_row, attention_per_layer) = match attention {
+        AttentionPath::Fused => (d.n_head, 0),
+        AttentionPath::Materialized => {
+            let copies = if d.dropout { 3 } else { 1 };
+            (0, copies * micro_batch * d.n_head * seq_len * seq_len * bytes)
+        }
+    };
+    let embedding_dropout = if d.dropout { btd } else { 0 };
+    let row_stats_per_layer = (d.norm_stats + lse_per_row) * rows * STAT_BYTES;
+    let final_norm = 2 * btd + d.final_norm_stats * rows * STAT_BYTES;
+    let logits = 2 * rows * d.vocab * bytes + rows * STAT_BYTES;
+    let layer = per_layer + row_stats_per_layer + attention_per_layer;
+    let total = d.n_layer * layer + embedding_dropout + final_norm + logits;
+    let total_checkpointed = d.n_layer * btd + layer + embedding_dropout + final_norm + logits;
     let backward_working_set = per_layer + attention_per_layer;
     let activations = Activations {
         per_layer,
+        row_stats_per_layer,
         attention_per_layer,
+        embedding_dropout,
+        final_norm,
         logits,
         total,
         backward_working_set,
@@ -227,6 +341,7 @@ pub fn estimate(
         params,
         params_without_positions: params - d.positions,
         precision,
+        attention,
         per_param,
         persistent_bytes,
         activations,
@@ -246,7 +361,7 @@ pub fn estimate(
 }
 
 /// [`estimate`] for a run configuration: its micro-batch, context, global batch and world size,
-/// attention materialized (Burn's fused attention under autodiff).
+/// attention on the path training takes ([`AttentionPath::of`]).
 pub fn estimate_run(config: &RunConfig, precision: Precision, peak_flops: Option<f64>, mfu: f64) -> Estimate {
     let world = config.world_size();
     estimate(
@@ -256,7 +371,7 @@ pub fn estimate_run(config: &RunConfig, precision: Precision, peak_flops: Option
         config.tokens_per_step(world) as u64,
         world as u64,
         precision,
-        true,
+        AttentionPath::of(&config.model),
         peak_flops,
         mfu,
     )
@@ -296,13 +411,13 @@ mod tests {
     #[test]
     fn gpt2_124m_needs_about_two_gigabytes_of_persistent_state() {
         let model = ModelConfig::preset("gpt2").unwrap();
-        let e = estimate(&model, 1, 1024, 1024, 1, Precision::Fp32, true, None, 0.4);
+        let e = estimate(&model, 1, 1024, 1024, 1, Precision::Fp32, AttentionPath::Fused, None, 0.4);
         assert_eq!(e.params, 124_475_904);
         assert_eq!(e.params_without_positions, 124_475_904 - 1024 * 768);
         assert_eq!(e.per_param.total(), 16);
         assert_eq!(e.persistent_bytes, 124_475_904 * 16); // 1.99 GB
         assert!((e.persistent_bytes as f64 / 1e9 - 1.99).abs() < 0.01);
-        let mixed = estimate(&model, 1, 1024, 1024, 1, Precision::Bf16Mixed, true, None, 0.4);
+        let mixed = estimate(&model, 1, 1024, 1024, 1, Precision::Bf16Mixed, AttentionPath::Fused, None, 0.4);
         assert_eq!(mixed.per_param, PerParam { weights: 2, grads: 2, master: 4, adam_m: 4, adam_v: 4 });
         assert_eq!(mixed.persistent_bytes, e.persistent_bytes);
     }
@@ -312,19 +427,30 @@ mod tests {
         // shakespeare-char: 4 layers, 4 heads, d 128, context 64, vocab 66, no bias, tied.
         let mut model = ModelConfig::preset("shakespeare-char").unwrap();
         model.set_vocab_size(66);
-        let e = estimate(&model, 12, 64, 768, 1, Precision::Fp32, true, Some(100e9), 0.5);
+        assert_eq!(AttentionPath::of(&model), AttentionPath::Fused, "no dropout");
+        let e = estimate(&model, 12, 64, 768, 1, Precision::Fp32, AttentionPath::Fused, Some(100e9), 0.5);
+        assert_eq!(e.attention, AttentionPath::Fused);
         // Parameters: 66·128 + 64·128 + 4·(2·128 + 12·128²) + 128 = 804,224.
         assert_eq!(e.params, 804_224);
-        // Per layer: 21 × 12·64·128 × 4 B = 8,257,536; scores: 2 × 12·4·64² × 4 B = 1,572,864;
-        // logits: 4 × 12·64·66 × 4 B = 811,008.
-        assert_eq!(e.activations.per_layer, 8_257_536);
-        assert_eq!(e.activations.attention_per_layer, 1_572_864);
-        assert_eq!(e.activations.logits, 811_008);
-        assert_eq!(e.activations.total, 4 * (8_257_536 + 1_572_864) + 811_008);
-        // Checkpointed: 4 layer inputs (393,216 B each) + one layer + logits.
-        assert_eq!(e.activations.total_checkpointed, 4 * 393_216 + 8_257_536 + 1_572_864 + 811_008);
-        // Peak: 16 B × 804,224 + activations + one layer's gradients.
-        assert_eq!(e.peak_bytes.0, 16 * 804_224 + e.activations.total + 8_257_536 + 1_572_864);
+        // B·T = 12·64 = 768 rows; B·T·d = 98,304 elements = 393,216 B.
+        // Per layer: 16 × 393,216 B = 6,291,456; per-row f32 statistics: (2 LayerNorms × mean
+        // and 1/std + 4 heads' log-sum-exp) × 768 rows × 4 B = 24,576; no [B,H,T,T] term.
+        let a = e.activations;
+        assert_eq!(a.per_layer, 6_291_456);
+        assert_eq!(a.row_stats_per_layer, 24_576);
+        assert_eq!(a.attention_per_layer, 0);
+        // Final LayerNorm: input and output 2 × 393,216 + mean and 1/std 2 × 768 × 4 = 792,576.
+        assert_eq!(a.final_norm, 792_576);
+        // Loss: logits and their gradient 2 × 768·66 × 4 B = 405,504, log-sum-exp 768 × 4 B.
+        assert_eq!(a.logits, 408_576);
+        // 4 × (6,291,456 + 24,576) + 792,576 + 408,576.
+        assert_eq!(a.total, 26_465_280);
+        // Checkpointed: 4 layer inputs (393,216 B each) + one layer + final norm + loss.
+        assert_eq!(a.total_checkpointed, 1_572_864 + 6_316_032 + 792_576 + 408_576);
+        assert_eq!(a.backward_working_set, 6_291_456);
+        // Peak: 16 B × 804,224 = 12,867,584 + activations + one layer's gradients.
+        assert_eq!(e.peak_bytes.0, 12_867_584 + 26_465_280 + 6_291_456); // 45.6 MB
+        assert_eq!(e.peak_bytes.1, 12_867_584 + 9_090_048 + 6_291_456);
         // FLOPs/token: 6·804,224 + 12·4·128·64 = 4,825,344 + 393,216.
         assert_eq!(e.flops_per_token, 5_218_560);
         assert_eq!(e.flops_per_step, 5_218_560.0 * 768.0);
@@ -332,6 +458,60 @@ mod tests {
         assert!((e.step_seconds_at_mfu.unwrap() - 5_218_560.0 * 768.0 / 5e10).abs() < 1e-12);
         assert_eq!(e.chinchilla_tokens, 16_084_480);
         assert_eq!(e.chinchilla_steps, 16_084_480_u64.div_ceil(768));
+    }
+
+    #[test]
+    fn dropout_materializes_the_attention_probabilities_and_keeps_its_masks() {
+        let gpu = ModelConfig::preset("shakespeare-char-gpu").unwrap();
+        assert_eq!(AttentionPath::of(&gpu), AttentionPath::Materialized, "dropout 0.2");
+        // shakespeare-char's shapes with dropout 0.2: B·T = 768 as above.
+        let mut model = ModelConfig::preset("shakespeare-char").unwrap();
+        model.set_vocab_size(66);
+        let ModelConfig::Gpt2(c) = &mut model else { unreachable!() };
+        c.dropout = 0.2;
+        assert_eq!(AttentionPath::of(&model), AttentionPath::Materialized);
+        let a = estimate(&model, 12, 64, 768, 1, Precision::Fp32, AttentionPath::Materialized, None, 0.4)
+            .activations;
+        // (16 + 2 dropout masks) × 393,216 B = 7,077,888; probabilities, their dropout mask and
+        // the dropped probabilities: 3 × 12·4·64² × 4 B = 2,359,296; no log-sum-exp, so the
+        // per-row statistics are the LayerNorms' only: 4 × 768 × 4 B = 12,288; the embedding
+        // dropout's mask 393,216.
+        assert_eq!(a.per_layer, 7_077_888);
+        assert_eq!(a.attention_per_layer, 2_359_296);
+        assert_eq!(a.row_stats_per_layer, 12_288);
+        assert_eq!(a.embedding_dropout, 393_216);
+        assert_eq!(a.total, 4 * (7_077_888 + 12_288 + 2_359_296) + 393_216 + 792_576 + 408_576); // 39,392,256
+        assert_eq!(a.backward_working_set, 7_077_888 + 2_359_296);
+        // Without dropout the explicit path keeps the probabilities once: 786,432.
+        if let ModelConfig::Gpt2(c) = &mut model {
+            c.dropout = 0.0;
+        }
+        let a = estimate(&model, 12, 64, 768, 1, Precision::Fp32, AttentionPath::Materialized, None, 0.4)
+            .activations;
+        assert_eq!((a.per_layer, a.attention_per_layer, a.embedding_dropout), (6_291_456, 786_432, 0));
+        // In bf16 the activations halve; the f32 statistics do not.
+        let half = estimate(&model, 12, 64, 768, 1, Precision::Bf16Mixed, AttentionPath::Fused, None, 0.4)
+            .activations;
+        assert_eq!(half.per_layer, 6_291_456 / 2);
+        assert_eq!(half.row_stats_per_layer, 24_576);
+        assert_eq!(half.logits, 405_504 / 2 + 3_072);
+    }
+
+    #[test]
+    fn hand_computed_llama_with_grouped_kv_heads() {
+        // llama-tiny: 2 layers, 4 heads, 2 kv heads, d 32 (d_head 8, kv 16), d_ff 88, vocab 64.
+        let model = ModelConfig::preset("llama-tiny").unwrap();
+        assert_eq!(AttentionPath::of(&model), AttentionPath::Fused);
+        let a = estimate(&model, 2, 16, 32, 1, Precision::Fp32, AttentionPath::Fused, None, 0.4).activations;
+        // 32 rows × (6·32 + 2·16 + 3·88 = 488) × 4 B = 62,464; statistics (2 RMSNorms' 1/rms +
+        // 4 heads' log-sum-exp) × 32 × 4 B = 768.
+        assert_eq!(a.per_layer, 62_464);
+        assert_eq!(a.row_stats_per_layer, 768);
+        // Final RMSNorm: 2 × 32·32 × 4 B + 32 × 4 B; loss: 2 × 32·64 × 4 B + 32 × 4 B.
+        assert_eq!(a.final_norm, 8_320);
+        assert_eq!(a.logits, 16_512);
+        assert_eq!(a.total, 2 * (62_464 + 768) + 8_320 + 16_512); // 151,296
+        assert_eq!(a.total_checkpointed, 2 * 4_096 + 63_232 + 8_320 + 16_512);
     }
 
     #[test]

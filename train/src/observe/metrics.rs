@@ -51,6 +51,14 @@ pub struct TrainRecord {
     /// Seconds of the logged step's forward and backward passes (device-synchronized).
     #[serde(default)]
     pub forward_backward_s: f64,
+    /// Seconds of the logged step's forward passes, model and loss (a device sync after each;
+    /// 0 in records written before forward and backward were timed apart).
+    #[serde(default)]
+    pub forward_s: f64,
+    /// Seconds of the logged step's backward passes and gradient accumulation (a device sync
+    /// after each; 0 in older records). `forward_s + backward_s ≈ forward_backward_s`.
+    #[serde(default)]
+    pub backward_s: f64,
     /// Seconds of the logged step's clipping and optimizer update (device-synchronized).
     #[serde(default)]
     pub optimizer_s: f64,

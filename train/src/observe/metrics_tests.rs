@@ -20,6 +20,8 @@ fn train(step: u64) -> Record {
         spikes: 0,
         allreduce_calls: 0,
         forward_backward_s: 0.0,
+        forward_s: 0.0,
+        backward_s: 0.0,
         optimizer_s: 0.0,
         data_s: 0.0,
         step_sync_s: 0.0,
@@ -64,7 +66,9 @@ fn truncate_after_keeps_earlier_records_only() {
 }
 
 fn eval_line(step: u64, val_loss: &str) -> String {
-    format!("{{\"kind\":\"eval\",\"step\":{step},\"val_loss\":{val_loss},\"val_perplexity\":52.0,\"elapsed_s\":1.0}}\n")
+    format!(
+        "{{\"kind\":\"eval\",\"step\":{step},\"val_loss\":{val_loss},\"val_perplexity\":52.0,\"elapsed_s\":1.0}}\n"
+    )
 }
 
 #[test]
@@ -164,4 +168,28 @@ fn a_diverged_evaluation_reads_back_as_nan_in_the_middle_of_the_file() {
         other => panic!("{other:?}"),
     }
     assert_eq!(records.len(), 2);
+}
+
+#[test]
+fn forward_and_backward_times_round_trip_and_older_records_read_as_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("metrics.jsonl");
+    let Record::Train(mut record) = train(5) else { unreachable!() };
+    (record.forward_backward_s, record.forward_s, record.backward_s) = (0.1472, 0.0491, 0.0981);
+    let mut log = MetricsLog::open(&path).unwrap();
+    log.write(&Record::Train(record.clone())).unwrap();
+    let line = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        line.contains(r#""forward_backward_s":0.1472,"forward_s":0.0491,"backward_s":0.0981,"#),
+        "{line}"
+    );
+    // A record of an earlier version: no forward_s/backward_s (nor most other optional keys).
+    let old = r#"{"kind":"train","step":6,"loss":2.0,"perplexity":7.38905609893065,"lr":0.001,"grad_norm":0.5,"tokens_per_sec":1000.0,"forward_backward_s":0.25,"tokens":60,"elapsed_s":6.0}"#;
+    std::fs::write(&path, format!("{line}{old}\n")).unwrap();
+    let records = read_records(&path).unwrap();
+    assert_eq!(records[0], Record::Train(record));
+    match &records[1] {
+        Record::Train(r) => assert_eq!((r.forward_backward_s, r.forward_s, r.backward_s), (0.25, 0.0, 0.0)),
+        other => panic!("{other:?}"),
+    }
 }

@@ -144,6 +144,8 @@ impl Meter {
             param_hash: logged.param_hash.map(|h| format!("{h:016x}")),
             allreduce_calls: all_reduce_calls as u64,
             forward_backward_s: out.forward_backward_time.as_secs_f64(),
+            forward_s: out.forward_time.as_secs_f64(),
+            backward_s: out.backward_time.as_secs_f64(),
             optimizer_s: out.optimizer_time.as_secs_f64(),
             data_s: logged.data_wait.as_secs_f64(),
             step_sync_s: out.sync_time.as_secs_f64(),

@@ -1,10 +1,10 @@
 //! Next-token cross-entropy as a token sum, so the caller can divide by the scored-token
 //! count of the whole global batch.
 
-use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Int, Tensor};
+use burn::tensor::{Int, Tensor};
 use ember_data::IGNORE_INDEX;
+use ember_model::ops::cross_entropy_sum;
 
 /// Σ −log p(target) over scored positions, in nats: `logits` `[batch, seq_len, vocab]`,
 /// `targets` `[batch, seq_len]` (ids, or [`IGNORE_INDEX`] for positions that are not scored).
@@ -16,15 +16,13 @@ use ember_data::IGNORE_INDEX;
 /// makes accumulated gradients differ from the full batch's. Divide by the number of scored
 /// tokens of the global batch instead (PyTorch: `F.cross_entropy(..., ignore_index=-100,
 /// reduction="sum")`).
+///
+/// Computed by [`cross_entropy_sum`] (fused on Flex and under autodiff: no `[N, V]`
+/// log-softmax is built or kept; only each position's log-sum-exp is saved for the backward).
 pub fn nll_sum<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
     let [batch, seq_len, vocab] = logits.dims();
     let n = batch * seq_len;
-    let log_probs = log_softmax(logits.reshape([n, vocab]).cast(DType::F32), 1); // [N, V]
-    let targets = targets.reshape([n, 1]);
-    let ignored = targets.clone().equal_elem(IGNORE_INDEX);
-    let safe_targets = targets.mask_fill(ignored.clone(), 0); // any valid id; masked below
-    let picked = log_probs.gather(1, safe_targets).mask_fill(ignored, 0.0); // [N, 1]
-    picked.sum().neg()
+    cross_entropy_sum(logits.reshape([n, vocab]), targets.reshape([n]), i64::from(IGNORE_INDEX))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //!
 //! - [`train_step`](mod@train_step): the step, [`StepTarget`] (what it updates), [`global_gradients`];
 //! - [`loss`]: Σ NLL over the scored targets (the mean is taken over the *global* batch);
-//! - [`optim`]: AdamW in two decay groups, global-norm clipping;
+//! - [`optim`]: AdamW in two decay groups, global-norm clipping; [`adamw`]: the fused update;
 //! - [`schedule`]: warmup + cosine, advanced once per optimizer step;
 //! - [`sentinel`]: the stability sentinel (non-finite steps skipped, loss spikes);
 //! - [`sync`]: the gradient exchange as the step sees it ([`GradSync`], [`Solo`]);
@@ -15,6 +15,7 @@
 //! May use: [`crate::config`], [`crate::observe`], [`crate::error`]. Knows no ranks' transport
 //! (that is [`crate::parallel`]), no files and no run loop.
 
+pub mod adamw;
 pub mod batch;
 pub mod eval;
 pub mod loss;

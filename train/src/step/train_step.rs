@@ -36,6 +36,12 @@ pub struct StepOutput<B: Backend> {
     pub sync_time: Duration,
     /// Forward and backward passes (with a device sync when `timed`).
     pub forward_backward_time: Duration,
+    /// When `timed`: the forward passes (model and loss) of the micro-batches, each ended by a
+    /// device sync; zero otherwise.
+    pub forward_time: Duration,
+    /// When `timed`: the backward passes and the gradient accumulation, each ended by a device
+    /// sync; zero otherwise. `forward_time + backward_time ≈ forward_backward_time`.
+    pub backward_time: Duration,
     /// Clipping and the AdamW update (with a device sync when `timed`).
     pub optimizer_time: Duration,
     /// On CUDA, when `timed`: the device pool after the backward pass, when the gradients are
@@ -160,6 +166,8 @@ pub fn optimizer_step<B: AutodiffBackend>(
         replicas_agree: global.replicas_agree,
         sync_time: global.sync_time,
         forward_backward_time: global.forward_backward_time,
+        forward_time: global.passes.forward,
+        backward_time: global.passes.backward,
         optimizer_time: started.elapsed(),
         device_memory: global.device_memory,
         judgement,
@@ -201,16 +209,69 @@ pub fn accumulate<B: AutodiffBackend>(
     micro_batches: &[Batch],
     device: &B::Device,
 ) -> (GradientsParams, Tensor<B::InnerBackend, 1>, usize) {
+    let (grads, nll, tokens, _) = accumulate_timed(model, micro_batches, false, device);
+    (grads, nll, tokens)
+}
+
+/// Time of the forward passes (model and loss) and of the backward passes (with the gradient
+/// accumulation) of one step's micro-batches, summed.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PassTimes {
+    /// Forward passes.
+    pub forward: Duration,
+    /// Backward passes.
+    pub backward: Duration,
+}
+
+/// Adds the time since its last lap to a phase, after waiting for the device; does nothing
+/// (no clock read, no sync) when the step is not timed.
+struct Stopwatch<'a, B: Backend> {
+    device: &'a B::Device,
+    last: Option<Instant>,
+}
+
+impl<'a, B: Backend> Stopwatch<'a, B> {
+    /// Starts after the device has finished earlier work (the previous, untimed step's update),
+    /// so the first forward is not charged with it.
+    fn start(timed: bool, device: &'a B::Device) -> Self {
+        if timed {
+            let _ = B::sync(device); // host sync: timed (logging) steps only
+        }
+        Self { device, last: timed.then(Instant::now) }
+    }
+
+    fn lap(&mut self, phase: &mut Duration) {
+        if let Some(last) = self.last {
+            let _ = B::sync(self.device); // host sync: timed (logging) steps only
+            let now = Instant::now();
+            *phase += now - last;
+            self.last = Some(now);
+        }
+    }
+}
+
+/// [`accumulate`], and with `timed` the forward and backward time (a device sync after each
+/// pass of each micro-batch; without `timed` no sync and zero times).
+fn accumulate_timed<B: AutodiffBackend>(
+    model: &LanguageModel<B>,
+    micro_batches: &[Batch],
+    timed: bool,
+    device: &B::Device,
+) -> (GradientsParams, Tensor<B::InnerBackend, 1>, usize, PassTimes) {
     let mut accumulator = GradientsAccumulator::new();
     let mut nll_total: Option<Tensor<B::InnerBackend, 1>> = None;
+    let mut times = PassTimes::default();
+    let mut clock = Stopwatch::<B>::start(timed, device);
     for batch in micro_batches {
         // 2. Forward: logits for every position (teacher forcing), [B, T, V]; rows that pack
         //    several documents attend within each document only when masking is on.
         // 3. Loss: Σ NLL over this micro-batch's scored targets (normalized after the sync).
         let nll = batch_nll(model, batch, device);
+        clock.lap(&mut times.forward);
         // 4. Backward; Burn's accumulator sums the micro-steps' gradients.
         let grads = GradientsParams::from_grads(nll.backward(), model);
         accumulator.accumulate(model, grads);
+        clock.lap(&mut times.backward);
         let detached = nll.inner();
         nll_total = Some(match nll_total {
             Some(sum) => sum + detached,
@@ -218,7 +279,7 @@ pub fn accumulate<B: AutodiffBackend>(
         });
     }
     let nll = nll_total.unwrap_or_else(|| Tensor::zeros([1], device));
-    (accumulator.grads(), nll, micro_batches.iter().map(Batch::scored_tokens).sum())
+    (accumulator.grads(), nll, micro_batches.iter().map(Batch::scored_tokens).sum(), times)
 }
 
 /// The gradient of the global batch's token-mean loss, identical on every rank.
@@ -237,6 +298,8 @@ pub struct GlobalGradients<B: AutodiffBackend> {
     pub sync_time: Duration,
     /// Time of the forward and backward passes.
     pub forward_backward_time: Duration,
+    /// When timed: the forward and the backward passes apart (zero otherwise).
+    pub passes: PassTimes,
     /// On CUDA, when timed: the device pool after the backward pass.
     pub device_memory: Option<DeviceMemory>,
 }
@@ -258,7 +321,7 @@ pub fn global_gradients<B: AutodiffBackend>(
     device: &B::Device,
 ) -> Result<GlobalGradients<B>, TrainError> {
     let started = Instant::now();
-    let (grads, nll_sum, tokens) = accumulate(model, micro_batches, device);
+    let (grads, nll_sum, tokens, passes) = accumulate_timed(model, micro_batches, settings.timed, device);
     let mut memory = None;
     if settings.timed {
         let _ = B::sync(device);
@@ -289,6 +352,7 @@ pub fn global_gradients<B: AutodiffBackend>(
         replicas_agree: global.hashes_agree,
         sync_time,
         forward_backward_time,
+        passes,
         device_memory: memory,
     })
 }

@@ -110,7 +110,9 @@ pub fn sample_run(
 
 /// Benchmarks `config` on `backend` (default: the config's): `warmup` then `steps` optimizer
 /// steps on random tokens. The vocabulary comes from `model.vocab_size`, the preset, or the
-/// prepared `data` directory. `peak_flops` overrides the device table for the MFU.
+/// prepared `data` directory. `peak_flops` overrides the device table for the MFU. With
+/// `matmul_peak`, also measures the device's f32 matmul FLOP/s ([`CPU_MATMUL_SIZE`]³ on the
+/// CPU, [`CUDA_MATMUL_SIZE`]³ on CUDA) for the MFU against it.
 ///
 /// Errors: an unknown vocabulary, an unusable backend.
 pub fn bench_run(
@@ -119,6 +121,7 @@ pub fn bench_run(
     warmup: usize,
     backend: Option<BackendKind>,
     peak_flops: Option<f64>,
+    matmul_peak: bool,
 ) -> Result<BenchReport, TrainError> {
     // The prepared data's vocabulary, else (no data) the preset's, if it has one.
     let data_vocab = config.data_vocab()?;
@@ -128,13 +131,15 @@ pub fn bench_run(
         steps: usize,
         warmup: usize,
         peak_flops: Option<f64>,
+        matmul_size: Option<usize>,
         name: String,
     }
     impl BackendTask for Task {
         type Output = BenchReport;
         fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Result<Self::Output, TrainError> {
             let device = devices.into_iter().next().expect("one device");
-            bench::<B>(&self.config, self.steps, self.warmup, self.peak_flops, &device, self.name)
+            let (steps, warmup, peak, matmul) = (self.steps, self.warmup, self.peak_flops, self.matmul_size);
+            bench::<B>(&self.config, steps, warmup, peak, matmul, &device, self.name)
         }
     }
     let kind = backend.unwrap_or(config.backend);
@@ -146,9 +151,20 @@ pub fn bench_run(
         }
     };
     let peak_flops = peak_flops.or(config.peak_flops).or(table_peak);
+    let matmul_size = matmul_peak.then_some(match kind {
+        BackendKind::Flex => CPU_MATMUL_SIZE,
+        BackendKind::Cuda => CUDA_MATMUL_SIZE,
+    });
     let device = config.device;
-    run_on(kind, &[device], Task { config, steps, warmup, peak_flops, name })
+    run_on(kind, &[device], Task { config, steps, warmup, peak_flops, matmul_size, name })
 }
+
+/// Side of `ember bench`'s peak matmul on the CPU: 2048³ (17.2 GFLOP, ~0.1 s at the ~200
+/// GFLOP/s of two AVX-512 cores) is large enough for the kernel's steady state.
+pub const CPU_MATMUL_SIZE: usize = 2048;
+/// Side of the peak matmul on CUDA: 8192³ (1.1 TFLOP; three 268 MB operands) keeps a
+/// data-centre GPU busy for tens of milliseconds per run.
+pub const CUDA_MATMUL_SIZE: usize = 8192;
 
 fn rayon_threads() -> usize {
     std::env::var("RAYON_NUM_THREADS")

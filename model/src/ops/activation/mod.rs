@@ -1,0 +1,76 @@
+//! GELU (erf and tanh forms) and SwiGLU, forward and backward in one pass each.
+
+mod autodiff;
+mod composed;
+mod flex;
+#[cfg(test)]
+mod tests;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Tensor, TensorPrimitive};
+
+use super::dispatch::{same, with_fused_backend};
+use crate::GeluKind;
+
+pub use composed::gelu_tanh;
+
+/// Fused activations, as a Burn backend extension. The defaults are composed Burn ops, so a
+/// backend only overrides what it has a kernel for. Tensors are of any shape.
+pub trait FusedActivation: Backend {
+    /// `GELU(x)` of every element: `x·Φ(x)` (erf) or `½·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`
+    /// (tanh; Hendrycks & Gimpel 2016 §2).
+    fn fused_gelu(x: FloatTensor<Self>, kind: GeluKind) -> FloatTensor<Self> {
+        composed::gelu::<Self>(x, kind)
+    }
+
+    /// `grad · GELU′(x)`: `Φ(x) + x·φ(x)` (erf) or the derivative of the tanh form.
+    fn fused_gelu_backward(
+        x: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        kind: GeluKind,
+    ) -> FloatTensor<Self> {
+        composed::gelu_backward::<Self>(x, grad, kind)
+    }
+
+    /// `SiLU(gate) ⊙ up` (Shazeer 2020, eq. 6): `gate`, `up` of the same shape.
+    fn fused_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        composed::swiglu::<Self>(gate, up)
+    }
+
+    /// `(∂/∂gate, ∂/∂up)` of `Σ grad ⊙ SiLU(gate) ⊙ up`: `grad·up·σ(g)·(1 + g·(1 − σ(g)))` and
+    /// `grad·SiLU(g)`.
+    fn fused_swiglu_backward(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        composed::swiglu_backward::<Self>(gate, up, grad)
+    }
+}
+
+/// CUDA takes the composed defaults (fused CubeCL kernels are future work).
+#[cfg(feature = "cuda")]
+impl FusedActivation for burn::backend::Cuda {}
+
+/// GELU of `x` (any shape), fused where the backend has it (see [`FusedActivation`]).
+pub fn gelu<B: Backend, const D: usize>(x: Tensor<B, D>, kind: GeluKind) -> Tensor<B, D> {
+    let x = x.into_primitive().tensor();
+    let y = with_fused_backend!(B, FB => {
+        same::<FloatTensor<FB>, FloatTensor<B>>(FB::fused_gelu(same(x), kind))
+    } else {
+        composed::gelu::<B>(x, kind)
+    });
+    Tensor::from_primitive(TensorPrimitive::Float(y))
+}
+
+/// `SiLU(gate) ⊙ up` (Llama's MLP), fused where the backend has it.
+pub fn swiglu<B: Backend, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>) -> Tensor<B, D> {
+    let (gate, up) = (gate.into_primitive().tensor(), up.into_primitive().tensor());
+    let y = with_fused_backend!(B, FB => {
+        same::<FloatTensor<FB>, FloatTensor<B>>(FB::fused_swiglu(same(gate), same(up)))
+    } else {
+        composed::swiglu::<B>(gate, up)
+    });
+    Tensor::from_primitive(TensorPrimitive::Float(y))
+}

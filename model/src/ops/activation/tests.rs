@@ -1,0 +1,71 @@
+//! The fused activations equal their composed reference: values and input gradients.
+
+use burn::tensor::Tensor;
+
+use super::composed;
+use crate::ops::testing::{assert_close, randn, Ad};
+use crate::ops::{gelu, swiglu};
+use crate::GeluKind;
+
+fn reference_gelu(x: Tensor<Ad, 3>, kind: GeluKind) -> Tensor<Ad, 3> {
+    match kind {
+        GeluKind::Erf => burn::tensor::activation::gelu(x),
+        GeluKind::Tanh => composed::gelu_tanh(x),
+    }
+}
+
+#[test]
+fn gelu_values_and_gradients_equal_the_composed_ops() {
+    for kind in [GeluKind::Erf, GeluKind::Tanh] {
+        // Odd sizes, and values out to ±9 so the tails are covered; more than one chunk.
+        let x = randn([3, 61, 127], 3.0, 7);
+        let w = randn([3, 61, 127], 1.0, 8);
+        let xf = x.clone().require_grad();
+        let xr = x.clone().require_grad();
+        let yf = gelu(xf.clone(), kind);
+        let yr = reference_gelu(xr.clone(), kind);
+        // In the lower tail the reference computes 1 + erf(x/√2) ≈ 1 − 0.9997: ~1e-7 absolute
+        // rounding, which is 1e-4 relative of an output like −6e-4 (the fused kernel uses
+        // erfc there and is the more accurate side). Hence an absolute floor of 1e-6 (0.1).
+        assert_close("gelu", yf.clone(), yr.clone(), 1e-5, 1e-1);
+        let gf = (yf * w.clone()).sum().backward();
+        let gr = (yr * w).sum().backward();
+        // GELU′ = Φ(x) + x·φ(x) is a sum of O(0.1) terms that nearly cancel around x ≈ −2:
+        // both sides carry ~1e-7 absolute rounding there, so the floor is 0.1.
+        assert_close("dgelu/dx", xf.grad(&gf).unwrap(), xr.grad(&gr).unwrap(), 1e-5, 1e-1);
+        // Without autodiff: the Flex kernel itself.
+        assert_close(
+            "gelu (inner)",
+            gelu(x.clone().inner(), kind),
+            reference_gelu(x, kind).inner(),
+            1e-5,
+            1e-1,
+        );
+    }
+}
+
+#[test]
+fn gelu_hand_computed() {
+    // GELU_erf(1) = Φ(1) = 0.8413447460685429; GELU_erf(−2) = −2·Φ(−2) = −0.04550026389635842.
+    let x = Tensor::<Ad, 1>::from_floats([1.0, -2.0, 0.0], &Default::default());
+    let y = gelu(x, GeluKind::Erf).into_data().to_vec::<f32>().unwrap();
+    let (one, minus_two) = (f64::from(y[0]), f64::from(y[1]));
+    assert!((one - 0.841_344_746_068_542_9).abs() < 1e-6, "{y:?}");
+    assert!((minus_two + 0.045_500_263_896_358_42).abs() < 1e-7 && y[2] == 0.0, "{y:?}");
+}
+
+#[test]
+fn swiglu_values_and_gradients_equal_the_composed_ops() {
+    let gate = randn([2, 33, 45], 2.0, 1);
+    let up = randn([2, 33, 45], 1.0, 2);
+    let w = randn([2, 33, 45], 1.0, 3);
+    let (gf, uf) = (gate.clone().require_grad(), up.clone().require_grad());
+    let (gr, ur) = (gate.clone().require_grad(), up.clone().require_grad());
+    let yf = swiglu(gf.clone(), uf.clone());
+    let yr = burn::tensor::activation::silu(gr.clone()) * ur.clone();
+    assert_close("swiglu", yf.clone(), yr.clone(), 1e-5, 1e-2);
+    let grads_f = (yf * w.clone()).sum().backward();
+    let grads_r = (yr * w).sum().backward();
+    assert_close("dswiglu/dgate", gf.grad(&grads_f).unwrap(), gr.grad(&grads_r).unwrap(), 1e-5, 1e-2);
+    assert_close("dswiglu/dup", uf.grad(&grads_f).unwrap(), ur.grad(&grads_r).unwrap(), 1e-5, 1e-2);
+}

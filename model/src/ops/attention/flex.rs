@@ -1,0 +1,1142 @@
+//! Attention on Flex's raw f32 buffers, FlashAttention-2 style (Dao 2023, Algorithms 1 and 2).
+//!
+//! Forward: one rayon task per (batch, query head); per task the head's K (transposed) and V
+//! are copied once into scratch, then query blocks of [`BR`] rows sweep key blocks of [`BC`]
+//! keys with the online softmax (running maximum `m`, sum `ℓ`, unnormalized output rescaled by
+//! `exp(m_old − m_new)`), saving `out = acc/ℓ` and `lse = m + log ℓ`.
+//!
+//! Backward: one task per (batch, kv head), which owns dK and dV of that head and dQ of the
+//! query heads reading it (so every output element is written by exactly one task, in a fixed
+//! order: results do not depend on the thread count). Per query head it sweeps key blocks
+//! (outer) and query blocks (inner), recomputing `P = exp(S − lse)` and accumulating
+//! `dV += Pᵀ·dO`, `dK += dSᵀ·Q`, `dQ += dS·K` with `dS = P ∘ (dO·Vᵀ − D)`.
+//!
+//! Every product is a small matrix product `C (+)= A·B` with A and B row-major ([`gemm`]; the
+//! backward transposes its `BR × BC` blocks P and dS into scratch for `Pᵀ·dO` and `dSᵀ·Q`),
+//! computed in register tiles: 8 rows × 32 columns with AVX-512 intrinsics, 4 × 16 with AVX2
+//! and FMA, or 4 × 16 left to the compiler elsewhere ([`Isa`], detected at run time; each task
+//! is compiled once per instruction set through `#[target_feature]` entry points, which is
+//! what [`crate::ops::simd::vectorized`] does for closures). Each step of a tile is an axpy of
+//! a row of B, so no sum is reordered: every element is accumulated in order of the inner
+//! index. The row operations (maximum, `exp`, sums) use lane-wise accumulators and
+//! [`crate::ops::simd::exp`] so the compiler vectorizes them.
+//!
+//! Scratch is per task, O(T·D) plus a few `BR × BC` blocks, allocated once per rayon job and
+//! reused across its tasks.
+
+use burn::backend::flex::FlexTensor;
+use burn::backend::Flex;
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{DType, TensorMetadata};
+use rayon::prelude::*;
+
+use super::{composed, FusedAttention};
+use crate::ops::flex::from_vec;
+use crate::ops::simd::exp;
+
+/// Query rows per block.
+const BR: usize = 64;
+/// Keys per block.
+const BC: usize = 64;
+/// Floats per vector lane group: scratch rows are padded to a multiple of it.
+const L: usize = 16;
+
+/// `n` rounded up to a multiple of `m`.
+fn pad(n: usize, m: usize) -> usize {
+    n.div_ceil(m) * m
+}
+
+/// A read-only strided view of a 4-D f32 tensor `[batch, seq, head, d]`.
+#[derive(Clone, Copy)]
+struct View<'a> {
+    data: &'a [f32],
+    offset: usize,
+    strides: [usize; 4],
+}
+
+impl<'a> View<'a> {
+    /// The view of `t` (whose strides are non-negative: see [`readable`]).
+    fn of(t: &'a FlexTensor) -> Self {
+        let layout = t.layout();
+        let s = layout.strides();
+        Self::new(
+            t.storage::<f32>(),
+            layout.start_offset(),
+            [s[0] as usize, s[1] as usize, s[2] as usize, s[3] as usize],
+        )
+    }
+
+    fn new(data: &'a [f32], offset: usize, strides: [usize; 4]) -> Self {
+        Self { data, offset, strides }
+    }
+
+    /// Copies the `dst.len()` values of row `(b, t, h)` into `dst`.
+    #[inline(always)]
+    fn read(&self, b: usize, t: usize, h: usize, dst: &mut [f32]) {
+        let base = self.offset + b * self.strides[0] + t * self.strides[1] + h * self.strides[2];
+        let s = self.strides[3];
+        if s == 1 {
+            dst.copy_from_slice(&self.data[base..base + dst.len()]);
+        } else {
+            for (i, x) in dst.iter_mut().enumerate() {
+                *x = self.data[base + i * s];
+            }
+        }
+    }
+}
+
+/// A write-only view of a 4-D f32 output buffer `[batch, seq, head, d]` shared by the rayon
+/// tasks. Each task writes a disjoint set of rows (see the module docs).
+#[derive(Clone, Copy)]
+struct Writer {
+    ptr: *mut f32,
+    len: usize,
+    offset: usize,
+    strides: [usize; 4],
+}
+
+// SAFETY: the tasks sharing a `Writer` write disjoint elements (each output row belongs to one
+// task), and the buffer outlives the parallel loop that writes it.
+unsafe impl Send for Writer {}
+unsafe impl Sync for Writer {}
+
+impl Writer {
+    /// A view of `buf` (several writers may share one buffer: derive them from one pointer).
+    fn new(buf: &mut [f32], offset: usize, strides: [usize; 4]) -> Self {
+        Self { ptr: buf.as_mut_ptr(), len: buf.len(), offset, strides }
+    }
+
+    /// The same buffer at another offset and strides.
+    fn at(self, offset: usize, strides: [usize; 4]) -> Self {
+        Self { offset, strides, ..self }
+    }
+
+    /// Writes `scale · src` into row `(b, t, h)` (its `d` values are contiguous).
+    ///
+    /// # Safety
+    /// No other thread accesses that row during the parallel loop.
+    #[inline(always)]
+    unsafe fn write(&self, b: usize, t: usize, h: usize, src: &[f32], scale: f32) {
+        let base = self.offset + b * self.strides[0] + t * self.strides[1] + h * self.strides[2];
+        debug_assert!(self.strides[3] == 1 && base + src.len() <= self.len);
+        // SAFETY: in bounds (the strides describe the buffer) and not shared (the caller).
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(base), src.len()) };
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = s * scale;
+        }
+    }
+}
+
+/// Sizes shared by the kernels.
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    batch: usize,
+    len: usize,
+    n_head: usize,
+    n_kv: usize,
+    d: usize,
+    /// `d` padded to a multiple of [`L`].
+    dp: usize,
+    /// `len` padded to a multiple of [`BR`] and [`BC`].
+    tp: usize,
+    scale: f32,
+}
+
+impl Dims {
+    fn new(batch: usize, len: usize, n_head: usize, n_kv: usize, d: usize) -> Self {
+        assert!(
+            n_kv > 0 && n_head.is_multiple_of(n_kv),
+            "attention: {n_head} query heads over {n_kv} kv heads"
+        );
+        let dp = pad(d.max(1), L);
+        Self {
+            batch,
+            len,
+            n_head,
+            n_kv,
+            d,
+            dp,
+            tp: pad(len.max(1), BR.max(BC)),
+            scale: 1.0 / (d as f32).sqrt(),
+        }
+    }
+
+    fn rep(&self) -> usize {
+        self.n_head / self.n_kv
+    }
+}
+
+/// `t` with non-negative strides (a copy only for flipped views).
+fn readable(t: FlexTensor) -> FlexTensor {
+    if t.layout().strides().iter().all(|&s| s >= 0) {
+        t
+    } else {
+        t.to_contiguous()
+    }
+}
+
+fn dims4(t: &FlexTensor) -> [usize; 4] {
+    let s = t.shape();
+    assert_eq!(s.num_dims(), 4, "attention: expected a 4-D tensor, got {s:?}");
+    [s[0], s[1], s[2], s[3]]
+}
+
+/// The first key each query sees, `i − clamp(pos_i, 0, i)`, `[batch · len]` row-major.
+fn starts(positions: IntTensor<Flex>, batch: usize, len: usize) -> Vec<u32> {
+    let pos = positions.into_data().convert::<i64>().to_vec::<i64>().expect("positions as i64");
+    assert_eq!(pos.len(), batch * len, "attention: positions must be [batch, seq] = [{batch}, {len}]");
+    pos.iter().enumerate().map(|(n, &p)| (n % len - (p.max(0) as usize).min(n % len)) as u32).collect()
+}
+
+/// A register-tiled `C (+)= A·B` for one instruction set (see [`gemm`]).
+trait Kernel {
+    /// Whether `madd` is fused (so [`Kernel::madd`] rounds as the products do).
+    const FMA: bool;
+
+    /// `a·b + c`, rounded as the products' accumulation is.
+    #[inline(always)]
+    fn madd(a: f32, b: f32, c: f32) -> f32 {
+        if Self::FMA {
+            a.mul_add(b, c)
+        } else {
+            a * b + c
+        }
+    }
+
+    /// [`gemm`] on raw pointers.
+    ///
+    /// # Safety
+    /// The bounds [`gemm`] asserts hold, and the CPU has the kernel's instruction set.
+    unsafe fn gemm<const ACC: bool>(
+        mnk: (usize, usize, usize),
+        a: (*const f32, usize),
+        b: (*const f32, usize),
+        c: (*mut f32, usize),
+    );
+}
+
+/// `C[m × n] = A·B` (or `+=` with `ACC`): `A[m × k]` row-major with leading dimension `lda`,
+/// `B[k × n]` row-major with `ldb`, `C` with `ldc`, `n` a multiple of [`L`]. Every element is
+/// summed over `p = 0..k` in order (one multiply-add per step), whatever the tiling, so the
+/// result does not depend on the blocking or the thread count.
+#[inline(always)]
+fn gemm<K: Kernel, const ACC: bool>(
+    (m, n, k): (usize, usize, usize),
+    (a, lda): (&[f32], usize),
+    (b, ldb): (&[f32], usize),
+    (c, ldc): (&mut [f32], usize),
+) {
+    assert!(
+        n.is_multiple_of(L)
+            && m > 0
+            && k > 0
+            && (m - 1) * lda + k <= a.len()
+            && (k - 1) * ldb + n <= b.len()
+            && (m - 1) * ldc + n <= c.len(),
+        "gemm: {m}×{n}×{k} out of bounds"
+    );
+    // SAFETY: every element the kernel reads or writes is inside the asserted bounds; the
+    // caller runs `K` only where the CPU has its instructions (see `Isa`).
+    unsafe { K::gemm::<ACC>((m, n, k), (a.as_ptr(), lda), (b.as_ptr(), ldb), (c.as_mut_ptr(), ldc)) }
+}
+
+/// Any CPU: 4 × 16 tiles left to the compiler's vectorizer (fused multiply-add on aarch64).
+#[derive(Clone, Copy)]
+struct Portable;
+
+impl Portable {
+    #[inline(always)]
+    unsafe fn tile<const ACC: bool, const MR: usize>(
+        (i, j, k): (usize, usize, usize),
+        (a, lda): (*const f32, usize),
+        (b, ldb): (*const f32, usize),
+        (c, ldc): (*mut f32, usize),
+    ) {
+        let mut acc = [[0f32; L]; MR];
+        for (r, acc) in acc.iter_mut().enumerate() {
+            for (x, acc) in acc.iter_mut().enumerate() {
+                // SAFETY (all accesses): inside the bounds `gemm` asserted.
+                *acc = if ACC { unsafe { *c.add((i + r) * ldc + j + x) } } else { 0.0 };
+            }
+        }
+        for p in 0..k {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let av = unsafe { *a.add((i + r) * lda + p) };
+                for (x, acc) in acc.iter_mut().enumerate() {
+                    *acc = Self::madd(av, unsafe { *b.add(p * ldb + j + x) }, *acc);
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            for (x, &acc) in acc.iter().enumerate() {
+                unsafe { *c.add((i + r) * ldc + j + x) = acc };
+            }
+        }
+    }
+}
+
+impl Kernel for Portable {
+    const FMA: bool = cfg!(target_arch = "aarch64");
+
+    #[inline(always)]
+    unsafe fn gemm<const ACC: bool>(
+        (m, n, k): (usize, usize, usize),
+        a: (*const f32, usize),
+        b: (*const f32, usize),
+        c: (*mut f32, usize),
+    ) {
+        for j in (0..n).step_by(L) {
+            let mut i = 0;
+            while i + 4 <= m {
+                unsafe { Self::tile::<ACC, 4>((i, j, k), a, b, c) };
+                i += 4;
+            }
+            for i in i..m {
+                unsafe { Self::tile::<ACC, 1>((i, j, k), a, b, c) };
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! Register tiles with explicit AVX-512 and AVX2+FMA intrinsics (the compiler's
+    //! vectorizer does not reliably keep large tiles in registers).
+    use std::arch::x86_64::*;
+
+    use super::{Kernel, L};
+
+    /// AVX-512: tiles of 8 rows × 32 columns (16 accumulators of AVX-512's 32 registers).
+    #[derive(Clone, Copy)]
+    pub(super) struct Avx512;
+
+    impl Avx512 {
+        #[inline(always)]
+        unsafe fn tile<const ACC: bool, const MR: usize, const NV: usize>(
+            (i, j, k): (usize, usize, usize),
+            (a, lda): (*const f32, usize),
+            (b, ldb): (*const f32, usize),
+            (c, ldc): (*mut f32, usize),
+        ) {
+            // SAFETY (all accesses): inside the bounds `gemm` asserted; AVX-512F present.
+            unsafe {
+                let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+                if ACC {
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        for (v, acc) in acc.iter_mut().enumerate() {
+                            *acc = _mm512_loadu_ps(c.add((i + r) * ldc + j + 16 * v));
+                        }
+                    }
+                }
+                for p in 0..k {
+                    let mut bv = [_mm512_setzero_ps(); NV];
+                    for (v, bv) in bv.iter_mut().enumerate() {
+                        *bv = _mm512_loadu_ps(b.add(p * ldb + j + 16 * v));
+                    }
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let av = _mm512_set1_ps(*a.add((i + r) * lda + p));
+                        for (acc, &bv) in acc.iter_mut().zip(&bv) {
+                            *acc = _mm512_fmadd_ps(av, bv, *acc);
+                        }
+                    }
+                }
+                for (r, acc) in acc.iter().enumerate() {
+                    for (v, &acc) in acc.iter().enumerate() {
+                        _mm512_storeu_ps(c.add((i + r) * ldc + j + 16 * v), acc);
+                    }
+                }
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn column<const ACC: bool, const NV: usize>(
+            (m, j, k): (usize, usize, usize),
+            a: (*const f32, usize),
+            b: (*const f32, usize),
+            c: (*mut f32, usize),
+        ) {
+            let mut i = 0;
+            // SAFETY: as `tile`.
+            unsafe {
+                while i + 8 <= m {
+                    Self::tile::<ACC, 8, NV>((i, j, k), a, b, c);
+                    i += 8;
+                }
+                if i + 4 <= m {
+                    Self::tile::<ACC, 4, NV>((i, j, k), a, b, c);
+                    i += 4;
+                }
+                for i in i..m {
+                    Self::tile::<ACC, 1, NV>((i, j, k), a, b, c);
+                }
+            }
+        }
+    }
+
+    impl Kernel for Avx512 {
+        const FMA: bool = true;
+
+        #[inline(always)]
+        unsafe fn gemm<const ACC: bool>(
+            (m, n, k): (usize, usize, usize),
+            a: (*const f32, usize),
+            b: (*const f32, usize),
+            c: (*mut f32, usize),
+        ) {
+            let mut j = 0;
+            // SAFETY: as `tile`.
+            unsafe {
+                while j + 2 * L <= n {
+                    Self::column::<ACC, 2>((m, j, k), a, b, c);
+                    j += 2 * L;
+                }
+                if j < n {
+                    Self::column::<ACC, 1>((m, j, k), a, b, c);
+                }
+            }
+        }
+    }
+
+    /// AVX2 and FMA: tiles of 4 rows × 16 columns (8 accumulators of AVX2's 16 registers).
+    #[derive(Clone, Copy)]
+    pub(super) struct Avx2;
+
+    impl Avx2 {
+        #[inline(always)]
+        unsafe fn tile<const ACC: bool, const MR: usize>(
+            (i, j, k): (usize, usize, usize),
+            (a, lda): (*const f32, usize),
+            (b, ldb): (*const f32, usize),
+            (c, ldc): (*mut f32, usize),
+        ) {
+            // SAFETY (all accesses): inside the bounds `gemm` asserted; AVX2 and FMA present.
+            unsafe {
+                let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+                if ACC {
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        for (v, acc) in acc.iter_mut().enumerate() {
+                            *acc = _mm256_loadu_ps(c.add((i + r) * ldc + j + 8 * v));
+                        }
+                    }
+                }
+                for p in 0..k {
+                    let b0 = _mm256_loadu_ps(b.add(p * ldb + j));
+                    let b1 = _mm256_loadu_ps(b.add(p * ldb + j + 8));
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let av = _mm256_set1_ps(*a.add((i + r) * lda + p));
+                        acc[0] = _mm256_fmadd_ps(av, b0, acc[0]);
+                        acc[1] = _mm256_fmadd_ps(av, b1, acc[1]);
+                    }
+                }
+                for (r, acc) in acc.iter().enumerate() {
+                    for (v, &acc) in acc.iter().enumerate() {
+                        _mm256_storeu_ps(c.add((i + r) * ldc + j + 8 * v), acc);
+                    }
+                }
+            }
+        }
+    }
+
+    impl Kernel for Avx2 {
+        const FMA: bool = true;
+
+        #[inline(always)]
+        unsafe fn gemm<const ACC: bool>(
+            (m, n, k): (usize, usize, usize),
+            a: (*const f32, usize),
+            b: (*const f32, usize),
+            c: (*mut f32, usize),
+        ) {
+            // SAFETY: as `tile`.
+            unsafe {
+                for j in (0..n).step_by(L) {
+                    let mut i = 0;
+                    while i + 4 <= m {
+                        Self::tile::<ACC, 4>((i, j, k), a, b, c);
+                        i += 4;
+                    }
+                    for i in i..m {
+                        Self::tile::<ACC, 1>((i, j, k), a, b, c);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The largest of `x` (−∞ if empty).
+#[inline(always)]
+fn max_of(x: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; L];
+    let mut chunks = x.chunks_exact(L);
+    for chunk in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(chunk) {
+            *a = a.max(v);
+        }
+    }
+    let tail = chunks.remainder().iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+    acc.iter().fold(tail, |a, &v| a.max(v))
+}
+
+/// The keys `[cs, ce)` of block `j0` that query `i` (first key `start`) sees, relative to
+/// `j0`; empty when `cs ≥ ce`.
+#[inline(always)]
+fn visible(i: usize, start: usize, j0: usize) -> (usize, usize) {
+    if i < j0 {
+        return (0, 0);
+    }
+    (start.max(j0) - j0, (i + 1).min(j0 + BC) - j0)
+}
+
+/// `row[c] = exp(row[c] − shift)` for `c` in `[cs, ce)`, 0 elsewhere; returns the sum.
+#[inline(always)]
+fn exp_row(row: &mut [f32], cs: usize, ce: usize, shift: f32) -> f32 {
+    let mut acc = [0f32; L];
+    for (n, chunk) in row.chunks_exact_mut(L).enumerate() {
+        for (x, (v, a)) in chunk.iter_mut().zip(acc.iter_mut()).enumerate() {
+            let c = n * L + x;
+            let p = if c >= cs && c < ce { exp(*v - shift) } else { 0.0 };
+            *v = p;
+            *a += p;
+        }
+    }
+    acc.iter().sum()
+}
+
+/// Scratch of one forward task.
+struct ForwardScratch {
+    /// K of the kv head, transposed: `[dp, tp]`.
+    kt: Vec<f32>,
+    /// V of the kv head: `[tp, dp]`.
+    v: Vec<f32>,
+    /// The query block, scaled by `1/√d`: `[BR, dp]`.
+    q: Vec<f32>,
+    /// Scores, then probabilities: `[BR, BC]`.
+    s: Vec<f32>,
+    /// Unnormalized output: `[BR, dp]`.
+    acc: Vec<f32>,
+    m: Vec<f32>,
+    l: Vec<f32>,
+    row: Vec<f32>,
+}
+
+impl ForwardScratch {
+    fn new(dims: &Dims) -> Self {
+        let (dp, tp) = (dims.dp, dims.tp);
+        Self {
+            kt: vec![0.0; dp * tp],
+            v: vec![0.0; tp * dp],
+            q: vec![0.0; BR * dp],
+            s: vec![0.0; BR * BC],
+            acc: vec![0.0; BR * dp],
+            m: vec![0.0; BR],
+            l: vec![0.0; BR],
+            row: vec![0.0; dp],
+        }
+    }
+}
+
+/// The inputs of one attention call.
+#[derive(Clone, Copy)]
+struct Inputs<'a> {
+    q: View<'a>,
+    k: View<'a>,
+    v: View<'a>,
+    /// First key of each query, `[batch · len]`; `None`: 0.
+    starts: Option<&'a [u32]>,
+    dims: Dims,
+}
+
+impl Inputs<'_> {
+    #[inline(always)]
+    fn start(&self, b: usize, i: usize) -> usize {
+        self.starts.map_or(0, |s| s[b * self.dims.len + i] as usize)
+    }
+}
+
+/// Forward of query head `h` in batch `b` (FlashAttention-2 Algorithm 1): writes its rows of
+/// `out` and `lse`.
+#[inline(always)]
+fn forward_task<K: Kernel>(
+    x: &Inputs<'_>,
+    (b, h): (usize, usize),
+    s: &mut ForwardScratch,
+    (out, lse): (Writer, Writer),
+) {
+    let Dims { len, d, dp, tp, scale, .. } = x.dims;
+    let g = h / x.dims.rep();
+    for t in 0..len {
+        x.k.read(b, t, g, &mut s.row[..d]);
+        for (dd, &val) in s.row[..d].iter().enumerate() {
+            s.kt[dd * tp + t] = val;
+        }
+        x.v.read(b, t, g, &mut s.v[t * dp..t * dp + d]);
+    }
+    for i0 in (0..len).step_by(BR) {
+        let rows = BR.min(len - i0);
+        let mut lo = usize::MAX;
+        for r in 0..rows {
+            let q = &mut s.q[r * dp..r * dp + d];
+            x.q.read(b, i0 + r, h, q);
+            for v in q.iter_mut() {
+                *v *= scale;
+            }
+            lo = lo.min(x.start(b, i0 + r));
+        }
+        s.m[..rows].fill(f32::NEG_INFINITY);
+        s.l[..rows].fill(0.0);
+        s.acc[..rows * dp].fill(0.0);
+        for j0 in (lo / BC * BC..i0 + rows).step_by(BC) {
+            gemm::<K, false>((rows, BC, dp), (&s.q, dp), (&s.kt[j0..], tp), (&mut s.s, BC));
+            for r in 0..rows {
+                let i = i0 + r;
+                let (cs, ce) = visible(i, x.start(b, i), j0);
+                let row = &mut s.s[r * BC..(r + 1) * BC];
+                if cs >= ce {
+                    row.fill(0.0);
+                    continue;
+                }
+                let m_new = s.m[r].max(max_of(&row[cs..ce]));
+                let alpha = exp(s.m[r] - m_new);
+                let sum = exp_row(row, cs, ce, m_new);
+                s.l[r] = s.l[r] * alpha + sum;
+                s.m[r] = m_new;
+                if alpha != 1.0 {
+                    for a in &mut s.acc[r * dp..(r + 1) * dp] {
+                        *a *= alpha;
+                    }
+                }
+            }
+            gemm::<K, true>((rows, dp, BC), (&s.s, BC), (&s.v[j0 * dp..], dp), (&mut s.acc, dp));
+        }
+        for r in 0..rows {
+            let l = s.l[r];
+            // Every row sees its own key, so ℓ ≥ 1; the guard keeps a degenerate row finite.
+            let (inv, lse_r) = if l > 0.0 { (1.0 / l, s.m[r] + l.ln()) } else { (0.0, f32::INFINITY) };
+            // SAFETY: row (b, i, h) of `out` and (b, h, i) of `lse` belong to this task alone.
+            unsafe {
+                out.write(b, i0 + r, h, &s.acc[r * dp..r * dp + d], inv);
+                lse.write(b, h, i0 + r, &[lse_r], 1.0);
+            }
+        }
+    }
+}
+
+/// Scratch of one backward task.
+struct BackwardScratch {
+    /// K transposed `[dp, tp]`, K `[tp, dp]`, V transposed `[dp, tp]`.
+    kt: Vec<f32>,
+    k: Vec<f32>,
+    vt: Vec<f32>,
+    /// dK and dV of the kv head: `[tp, dp]`.
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+    /// Per query head: Q scaled by `1/√d`, dO, dQ (unscaled) `[tp, dp]`; lse and
+    /// `D = rowsum(dO ∘ O)` `[tp]`.
+    q: Vec<f32>,
+    dout: Vec<f32>,
+    dq: Vec<f32>,
+    lse: Vec<f32>,
+    delta: Vec<f32>,
+    /// P and dP then dS: `[BR, BC]`; their transposes `[BC, BR]`.
+    p: Vec<f32>,
+    ds: Vec<f32>,
+    pt: Vec<f32>,
+    dst: Vec<f32>,
+    row: Vec<f32>,
+    /// The least first key of each query block.
+    block_start: Vec<usize>,
+}
+
+impl BackwardScratch {
+    fn new(dims: &Dims) -> Self {
+        let (dp, tp) = (dims.dp, dims.tp);
+        let big = || vec![0f32; dp * tp];
+        Self {
+            kt: big(),
+            k: big(),
+            vt: big(),
+            dk: big(),
+            dv: big(),
+            q: big(),
+            dout: big(),
+            dq: big(),
+            lse: vec![0.0; tp],
+            delta: vec![0.0; tp],
+            p: vec![0.0; BR * BC],
+            ds: vec![0.0; BR * BC],
+            pt: vec![0.0; BC * BR],
+            dst: vec![0.0; BC * BR],
+            row: vec![0.0; dp],
+            block_start: vec![0; tp / BR],
+        }
+    }
+}
+
+/// The saved forward and the incoming gradient.
+#[derive(Clone, Copy)]
+struct Saved<'a> {
+    out: View<'a>,
+    dout: View<'a>,
+    /// `[batch, n_head, len]` contiguous.
+    lse: &'a [f32],
+}
+
+/// Where the backward writes dq, dk, dv.
+#[derive(Clone, Copy)]
+struct Grads {
+    dq: Writer,
+    dk: Writer,
+    dv: Writer,
+}
+
+/// Backward of kv head `g` in batch `b` and the query heads that read it (FlashAttention-2
+/// Algorithm 2): writes their rows of dq, dk, dv.
+#[inline(always)]
+fn backward_task<K: Kernel>(
+    x: &Inputs<'_>,
+    saved: &Saved<'_>,
+    (b, g): (usize, usize),
+    s: &mut BackwardScratch,
+    grads: Grads,
+) {
+    let Dims { len, n_head, d, dp, tp, scale, .. } = x.dims;
+    let rep = x.dims.rep();
+    for t in 0..len {
+        x.k.read(b, t, g, &mut s.k[t * dp..t * dp + d]);
+        x.v.read(b, t, g, &mut s.row[..d]);
+        for dd in 0..d {
+            s.kt[dd * tp + t] = s.k[t * dp + dd];
+            s.vt[dd * tp + t] = s.row[dd];
+        }
+    }
+    s.dk[..len * dp].fill(0.0);
+    s.dv[..len * dp].fill(0.0);
+    for (n, lo) in s.block_start.iter_mut().enumerate() {
+        *lo = (n * BR..len.min((n + 1) * BR)).map(|i| x.start(b, i)).min().unwrap_or(usize::MAX);
+    }
+    for h in g * rep..(g + 1) * rep {
+        for i in 0..len {
+            let q = &mut s.q[i * dp..i * dp + d];
+            x.q.read(b, i, h, q);
+            for v in q.iter_mut() {
+                *v *= scale;
+            }
+            let dout = &mut s.dout[i * dp..i * dp + d];
+            saved.dout.read(b, i, h, dout);
+            saved.out.read(b, i, h, &mut s.row[..d]);
+            // In the order and with the rounding of the dP product, so dP_ii − D_i is exactly 0
+            // where O_i = v_i (a token that sees only itself), as in exact arithmetic.
+            s.delta[i] = dout.iter().zip(&s.row[..d]).fold(0.0, |acc, (&a, &o)| K::madd(a, o, acc));
+            s.lse[i] = saved.lse[(b * n_head + h) * len + i];
+        }
+        s.dq[..len * dp].fill(0.0);
+        for j0 in (0..len).step_by(BC) {
+            let last_key = (j0 + BC).min(len) - 1;
+            for i0 in (j0 / BR * BR..len).step_by(BR) {
+                if s.block_start[i0 / BR] > last_key {
+                    continue;
+                }
+                let rows = BR.min(len - i0);
+                // P = exp(Q·Kᵀ/√d − lse) on the visible keys, 0 elsewhere.
+                gemm::<K, false>((rows, BC, dp), (&s.q[i0 * dp..], dp), (&s.kt[j0..], tp), (&mut s.p, BC));
+                for r in 0..rows {
+                    let i = i0 + r;
+                    let (cs, ce) = visible(i, x.start(b, i), j0);
+                    exp_row(&mut s.p[r * BC..(r + 1) * BC], cs, ce, s.lse[i]);
+                }
+                // dV += Pᵀ·dO
+                transpose(&s.p, rows, &mut s.pt);
+                gemm::<K, true>(
+                    (BC, dp, rows),
+                    (&s.pt, BR),
+                    (&s.dout[i0 * dp..], dp),
+                    (&mut s.dv[j0 * dp..], dp),
+                );
+                // dS = P ∘ (dO·Vᵀ − D)
+                gemm::<K, false>(
+                    (rows, BC, dp),
+                    (&s.dout[i0 * dp..], dp),
+                    (&s.vt[j0..], tp),
+                    (&mut s.ds, BC),
+                );
+                for r in 0..rows {
+                    let delta = s.delta[i0 + r];
+                    let (p, ds) = (&s.p[r * BC..(r + 1) * BC], &mut s.ds[r * BC..(r + 1) * BC]);
+                    for (ds, &p) in ds.iter_mut().zip(p) {
+                        *ds = p * (*ds - delta);
+                    }
+                }
+                // dK += dSᵀ·(Q/√d), dQ += dS·K (scaled by 1/√d when written).
+                transpose(&s.ds, rows, &mut s.dst);
+                gemm::<K, true>(
+                    (BC, dp, rows),
+                    (&s.dst, BR),
+                    (&s.q[i0 * dp..], dp),
+                    (&mut s.dk[j0 * dp..], dp),
+                );
+                gemm::<K, true>(
+                    (rows, dp, BC),
+                    (&s.ds, BC),
+                    (&s.k[j0 * dp..], dp),
+                    (&mut s.dq[i0 * dp..], dp),
+                );
+            }
+        }
+        for i in 0..len {
+            // SAFETY: query head h belongs to this task's kv head alone.
+            unsafe { grads.dq.write(b, i, h, &s.dq[i * dp..i * dp + d], scale) };
+        }
+    }
+    for j in 0..len {
+        // SAFETY: kv head g of batch b is this task's.
+        unsafe {
+            grads.dk.write(b, j, g, &s.dk[j * dp..j * dp + d], 1.0);
+            grads.dv.write(b, j, g, &s.dv[j * dp..j * dp + d], 1.0);
+        }
+    }
+}
+
+/// `src` `[rows, BC]` → `dst` `[BC, BR]` (the first `rows` columns).
+#[inline(always)]
+fn transpose(src: &[f32], rows: usize, dst: &mut [f32]) {
+    for (r, row) in src[..rows * BC].chunks_exact(BC).enumerate() {
+        for (c, &v) in row.iter().enumerate() {
+            dst[c * BR + r] = v;
+        }
+    }
+}
+
+/// The instruction set the kernels run with, detected once per call on the calling thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Isa {
+    /// AVX-512F (with VL, AVX2, FMA, BMI2): [`x86::Avx512`] tiles.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    /// AVX2 and FMA: [`x86::Avx2`] tiles.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// Anything else: [`Portable`].
+    Portable,
+}
+
+impl Isa {
+    /// The best this CPU has (or the test override).
+    fn detect() -> Self {
+        #[cfg(test)]
+        if let Some(isa) = FORCE_ISA.with(|f| f.get()) {
+            return isa;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::is_x86_feature_detected as has;
+            if has!("avx512f") && has!("avx512vl") && has!("avx2") && has!("fma") && has!("bmi2") {
+                return Isa::Avx512;
+            }
+            if has!("avx2") && has!("fma") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Portable
+    }
+
+    /// Every instruction set this CPU can run.
+    #[cfg(test)]
+    pub(super) fn available() -> Vec<Self> {
+        let best = {
+            let _none = ForceIsa::new(None);
+            Self::detect()
+        };
+        #[cfg(target_arch = "x86_64")]
+        {
+            match best {
+                Isa::Avx512 => vec![Isa::Avx512, Isa::Avx2, Isa::Portable],
+                Isa::Avx2 => vec![Isa::Avx2, Isa::Portable],
+                Isa::Portable => vec![Isa::Portable],
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            vec![best]
+        }
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    static FORCE_ISA: std::cell::Cell<Option<Isa>> = const { std::cell::Cell::new(None) };
+}
+
+/// Tests: makes the kernels started from this thread use `isa` while the guard lives.
+#[cfg(test)]
+pub(super) struct ForceIsa(Option<Isa>);
+
+#[cfg(test)]
+impl ForceIsa {
+    pub(super) fn new(isa: Option<Isa>) -> Self {
+        Self(FORCE_ISA.with(|f| f.replace(isa)))
+    }
+}
+
+#[cfg(test)]
+impl Drop for ForceIsa {
+    fn drop(&mut self) {
+        FORCE_ISA.with(|f| f.set(self.0));
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod entry {
+    //! The tasks compiled with each x86 instruction set enabled (everything they call is
+    //! `#[inline(always)]`, so the whole loop nest uses those instructions).
+    use super::x86::{Avx2, Avx512};
+    use super::{backward_task, forward_task, BackwardScratch, ForwardScratch, Grads, Inputs, Saved, Writer};
+
+    /// # Safety
+    /// The CPU has AVX-512F, AVX-512VL, AVX2, FMA and BMI2; as [`forward_task`] otherwise.
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,bmi2")]
+    pub(super) unsafe fn forward_avx512(
+        x: &Inputs<'_>,
+        bh: (usize, usize),
+        s: &mut ForwardScratch,
+        out: (Writer, Writer),
+    ) {
+        forward_task::<Avx512>(x, bh, s, out)
+    }
+
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn forward_avx2(
+        x: &Inputs<'_>,
+        bh: (usize, usize),
+        s: &mut ForwardScratch,
+        out: (Writer, Writer),
+    ) {
+        forward_task::<Avx2>(x, bh, s, out)
+    }
+
+    /// # Safety
+    /// As [`forward_avx512`].
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,bmi2")]
+    pub(super) unsafe fn backward_avx512(
+        x: &Inputs<'_>,
+        saved: &Saved<'_>,
+        bg: (usize, usize),
+        s: &mut BackwardScratch,
+        grads: Grads,
+    ) {
+        backward_task::<Avx512>(x, saved, bg, s, grads)
+    }
+
+    /// # Safety
+    /// As [`forward_avx2`].
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn backward_avx2(
+        x: &Inputs<'_>,
+        saved: &Saved<'_>,
+        bg: (usize, usize),
+        s: &mut BackwardScratch,
+        grads: Grads,
+    ) {
+        backward_task::<Avx2>(x, saved, bg, s, grads)
+    }
+}
+
+/// `(out [B, T, H, D], lse [B, H, T])` contiguous.
+fn forward(x: Inputs<'_>) -> (Vec<f32>, Vec<f32>) {
+    let Dims { batch, len, n_head, d, .. } = x.dims;
+    let mut out = vec![0f32; batch * len * n_head * d];
+    let mut lse = vec![0f32; batch * n_head * len];
+    let out_w = Writer::new(&mut out, 0, [len * n_head * d, n_head * d, d, 1]);
+    // lse as a [B, H, T, 1] buffer: "row" (b, h, t) of one value.
+    let lse_w = Writer::new(&mut lse, 0, [n_head * len, len, 1, 1]);
+    let isa = Isa::detect();
+    (0..batch * n_head).into_par_iter().for_each_init(
+        || ForwardScratch::new(&x.dims),
+        |s, task| {
+            let bh = (task / n_head, task % n_head);
+            match isa {
+                // SAFETY: `Isa::detect` found these instructions.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => unsafe { entry::forward_avx512(&x, bh, s, (out_w, lse_w)) },
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { entry::forward_avx2(&x, bh, s, (out_w, lse_w)) },
+                Isa::Portable => forward_task::<Portable>(&x, bh, s, (out_w, lse_w)),
+            }
+        },
+    );
+    (out, lse)
+}
+
+/// Runs the backward tasks, writing into `grads`' buffers.
+fn backward(x: Inputs<'_>, saved: Saved<'_>, grads: Grads) {
+    let Dims { batch, n_kv, .. } = x.dims;
+    let isa = Isa::detect();
+    (0..batch * n_kv).into_par_iter().for_each_init(
+        || BackwardScratch::new(&x.dims),
+        |s, task| {
+            let bg = (task / n_kv, task % n_kv);
+            match isa {
+                // SAFETY: `Isa::detect` found these instructions.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => unsafe { entry::backward_avx512(&x, &saved, bg, s, grads) },
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { entry::backward_avx2(&x, &saved, bg, s, grads) },
+                Isa::Portable => backward_task::<Portable>(&x, &saved, bg, s, grads),
+            }
+        },
+    );
+}
+
+fn is_f32(ts: &[&FlexTensor]) -> bool {
+    ts.iter().all(|t| t.dtype() == DType::F32)
+}
+
+/// q, k, v views of a contiguous `[B, T, 3·H·D]` buffer, and the sizes.
+fn qkv_views(data: &[f32], shape: [usize; 3], n_head: usize) -> (View<'_>, View<'_>, View<'_>, Dims) {
+    let [batch, len, c3] = shape;
+    assert!(c3.is_multiple_of(3 * n_head), "attention: qkv width {c3} is not 3 × {n_head} heads");
+    let (c, d) = (c3 / 3, c3 / 3 / n_head);
+    let strides = [len * c3, c3, d, 1];
+    let view = |offset| View::new(data, offset, strides);
+    (view(0), view(c), view(2 * c), Dims::new(batch, len, n_head, n_head, d))
+}
+
+fn qkv_shape(qkv: &FlexTensor) -> [usize; 3] {
+    let s = qkv.shape();
+    assert_eq!(s.num_dims(), 3, "attention: qkv must be [batch, seq, 3·d_model], got {s:?}");
+    [s[0], s[1], s[2]]
+}
+
+impl FusedAttention for Flex {
+    fn fused_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        positions: Option<IntTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        Self::fused_attention_forward(q, k, v, positions).0
+    }
+
+    fn fused_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        positions: Option<IntTensor<Self>>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        if !is_f32(&[&q, &k, &v]) {
+            return composed::forward::<Self>(q, k, v, positions);
+        }
+        let (q, k, v) = (readable(q), readable(k), readable(v));
+        let [batch, len, n_head, d] = dims4(&q);
+        let [_, _, n_kv, _] = dims4(&k);
+        assert_eq!(dims4(&k), [batch, len, n_kv, d], "attention: k must be [batch, seq, n_kv_head, d_head]");
+        assert_eq!(dims4(&v), dims4(&k), "attention: v must have k's shape");
+        let dims = Dims::new(batch, len, n_head, n_kv, d);
+        let starts = positions.map(|p| starts(p, batch, len));
+        let x = Inputs { q: View::of(&q), k: View::of(&k), v: View::of(&v), starts: starts.as_deref(), dims };
+        let (out, lse) = forward(x);
+        (from_vec(out, [batch, len, n_head, d]), from_vec(lse, [batch, n_head, len]))
+    }
+
+    fn fused_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        dout: FloatTensor<Self>,
+        positions: Option<IntTensor<Self>>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        if !is_f32(&[&q, &k, &v, &out, &lse, &dout]) {
+            return composed::backward::<Self>(q, k, v, out, lse, dout, positions);
+        }
+        let (q, k, v, out, dout) = (readable(q), readable(k), readable(v), readable(out), readable(dout));
+        let lse = lse.to_contiguous();
+        let [batch, len, n_head, d] = dims4(&q);
+        let [_, _, n_kv, _] = dims4(&k);
+        let dims = Dims::new(batch, len, n_head, n_kv, d);
+        let starts = positions.map(|p| starts(p, batch, len));
+        let x = Inputs { q: View::of(&q), k: View::of(&k), v: View::of(&v), starts: starts.as_deref(), dims };
+        let saved = Saved {
+            out: View::of(&out),
+            dout: View::of(&dout),
+            lse: lse.as_slice::<f32>().expect("contiguous"),
+        };
+        let mut dq = vec![0f32; batch * len * n_head * d];
+        let mut dk = vec![0f32; batch * len * n_kv * d];
+        let mut dv = vec![0f32; batch * len * n_kv * d];
+        let grads = Grads {
+            dq: Writer::new(&mut dq, 0, [len * n_head * d, n_head * d, d, 1]),
+            dk: Writer::new(&mut dk, 0, [len * n_kv * d, n_kv * d, d, 1]),
+            dv: Writer::new(&mut dv, 0, [len * n_kv * d, n_kv * d, d, 1]),
+        };
+        backward(x, saved, grads);
+        (
+            from_vec(dq, [batch, len, n_head, d]),
+            from_vec(dk, [batch, len, n_kv, d]),
+            from_vec(dv, [batch, len, n_kv, d]),
+        )
+    }
+
+    fn fused_attention_qkv(
+        qkv: FloatTensor<Self>,
+        n_head: usize,
+        positions: Option<IntTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        Self::fused_attention_qkv_forward(qkv, n_head, positions).0
+    }
+
+    fn fused_attention_qkv_forward(
+        qkv: FloatTensor<Self>,
+        n_head: usize,
+        positions: Option<IntTensor<Self>>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        if !is_f32(&[&qkv]) {
+            let (q, k, v) = composed::split_qkv::<Self>(qkv, n_head);
+            return composed::forward::<Self>(q, k, v, positions);
+        }
+        let shape = qkv_shape(&qkv);
+        let qkv = qkv.to_contiguous();
+        let data = qkv.as_slice::<f32>().expect("contiguous");
+        let (q, k, v, dims) = qkv_views(data, shape, n_head);
+        let starts = positions.map(|p| starts(p, dims.batch, dims.len));
+        let (out, lse) = forward(Inputs { q, k, v, starts: starts.as_deref(), dims });
+        let Dims { batch, len, d, .. } = dims;
+        (from_vec(out, [batch, len, n_head, d]), from_vec(lse, [batch, n_head, len]))
+    }
+
+    fn fused_attention_qkv_backward(
+        qkv: FloatTensor<Self>,
+        n_head: usize,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        dout: FloatTensor<Self>,
+        positions: Option<IntTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        if !is_f32(&[&qkv, &out, &lse, &dout]) {
+            let (q, k, v) = composed::split_qkv::<Self>(qkv, n_head);
+            let (dq, dk, dv) = composed::backward::<Self>(q, k, v, out, lse, dout, positions);
+            return composed::merge_qkv::<Self>(dq, dk, dv);
+        }
+        let shape = qkv_shape(&qkv);
+        let (qkv, out, dout, lse) = (qkv.to_contiguous(), readable(out), readable(dout), lse.to_contiguous());
+        let data = qkv.as_slice::<f32>().expect("contiguous");
+        let (q, k, v, dims) = qkv_views(data, shape, n_head);
+        let starts = positions.map(|p| starts(p, dims.batch, dims.len));
+        let saved = Saved {
+            out: View::of(&out),
+            dout: View::of(&dout),
+            lse: lse.as_slice::<f32>().expect("contiguous"),
+        };
+        let [batch, len, c3] = shape;
+        let c = c3 / 3;
+        let mut dqkv = vec![0f32; batch * len * c3];
+        let strides = [len * c3, c3, dims.d, 1];
+        let dq = Writer::new(&mut dqkv, 0, strides);
+        let grads = Grads { dq, dk: dq.at(c, strides), dv: dq.at(2 * c, strides) };
+        backward(Inputs { q, k, v, starts: starts.as_deref(), dims }, saved, grads);
+        from_vec(dqkv, shape)
+    }
+}

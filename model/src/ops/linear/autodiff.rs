@@ -1,0 +1,42 @@
+//! `Autodiff<B>` matmul: one node whose backward calls the inner backend's fused products.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::Autodiff;
+use burn::tensor::ops::FloatTensor;
+
+use super::FusedMatmul;
+
+#[derive(Debug)]
+struct MatmulBackward;
+
+impl<B: FusedMatmul> Backward<B, 2> for MatmulBackward {
+    /// Both inputs (the existing tensors, no copies).
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (x, w) = ops.state;
+        let dy = grads.consume::<B>(&ops.node);
+        let [x_node, w_node] = ops.parents;
+        if let Some(node) = w_node {
+            grads.register::<B>(node.id, B::fused_matmul_dw(x, dy.clone(), &w));
+        }
+        if let Some(node) = x_node {
+            grads.register::<B>(node.id, B::fused_matmul_dx(dy, w));
+        }
+    }
+}
+
+impl<B: FusedMatmul, C: CheckpointStrategy> FusedMatmul for Autodiff<B, C> {
+    fn fused_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
+        match MatmulBackward.prepare::<C>([x.node.clone(), w.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let y = B::fused_matmul(x.primitive.clone(), w.primitive.clone());
+                prep.finish((x.primitive, w.primitive), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::fused_matmul(x.primitive, w.primitive)),
+        }
+    }
+}

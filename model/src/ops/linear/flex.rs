@@ -1,0 +1,134 @@
+//! The products on Flex through the `gemm` crate (Burn's own Flex matmul kernel), writing into
+//! fresh, uninitialized `Vec`s.
+
+use burn::backend::flex::{FlexTensor, Layout};
+use burn::backend::Flex;
+use burn::tensor::ops::{FloatTensor, FloatTensorOps};
+use burn::tensor::{Bytes, DType, Shape};
+
+use super::FusedMatmul;
+
+/// Burn-flex's threshold for a multi-threaded gemm (m·n·k).
+const PARALLEL: usize = 192 * 192 * 192;
+
+/// A 2-D f32 operand: base pointer (at its offset), row and column strides, shape.
+struct Operand<'a> {
+    data: &'a [f32],
+    offset: usize,
+    rs: isize,
+    cs: isize,
+    rows: usize,
+    cols: usize,
+}
+
+impl<'a> Operand<'a> {
+    /// `None` unless `t` is a 2-D f32 tensor with non-negative strides.
+    fn of(t: &'a FlexTensor) -> Option<Self> {
+        let layout = t.layout();
+        if t.dtype() != DType::F32 || layout.num_dims() != 2 || !layout.has_positive_strides() {
+            return None;
+        }
+        let s = layout.strides();
+        Some(Self {
+            data: t.storage::<f32>(),
+            offset: layout.start_offset(),
+            rs: s[0],
+            cs: s[1],
+            rows: layout.shape()[0],
+            cols: layout.shape()[1],
+        })
+    }
+
+    /// The transposed view (no copy).
+    fn t(self) -> Self {
+        Self { rs: self.cs, cs: self.rs, rows: self.cols, cols: self.rows, ..self }
+    }
+
+    fn ptr(&self) -> *const f32 {
+        // In bounds: `offset` is the view's first element.
+        self.data[self.offset..].as_ptr()
+    }
+}
+
+/// `a·b` into a new `[a.rows, b.cols]` tensor, column-major when `col_major` (so a gradient
+/// can take its weight's layout), else row-major.
+fn product(a: &Operand, b: &Operand, col_major: bool) -> FlexTensor {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    assert_eq!(k, b.rows, "matmul: inner dimensions {k} and {} differ", b.rows);
+    let len = m * n;
+    let mut out: Vec<f32> = Vec::with_capacity(len);
+    let (dst_rs, dst_cs) = if col_major { (1, m as isize) } else { (n as isize, 1) };
+    if k == 0 {
+        out.resize(len, 0.0);
+    } else if len > 0 {
+        let parallelism =
+            if m * n * k >= PARALLEL { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
+        // SAFETY: `out` has capacity for m·n elements, all written by gemm (read_dst = false:
+        // the destination is never read); the operands' pointers and strides describe views
+        // inside their buffers (checked by Flex's layouts).
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                out.as_mut_ptr(),
+                dst_cs,
+                dst_rs,
+                false,
+                a.ptr(),
+                a.cs,
+                a.rs,
+                b.ptr(),
+                b.cs,
+                b.rs,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                parallelism,
+            );
+            out.set_len(len);
+        }
+    }
+    let layout = if col_major {
+        Layout::new(Shape::new([m, n]), vec![1, m as isize], 0)
+    } else {
+        Layout::contiguous(Shape::new([m, n]))
+    };
+    FlexTensor::new(Bytes::from_elems(out), layout, DType::F32)
+}
+
+/// True when `t`'s columns are contiguous (a transposed view, e.g. an embedding tied as the
+/// LM head): its gradient is written the same way.
+fn column_major(t: &FlexTensor) -> bool {
+    let s = t.layout().strides();
+    s.len() == 2 && s[0] == 1 && s[1] != 1
+}
+
+impl FusedMatmul for Flex {
+    fn fused_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
+        match (Operand::of(&x), Operand::of(&w)) {
+            (Some(a), Some(b)) => product(&a, &b, false),
+            _ => Self::float_matmul(x, w),
+        }
+    }
+
+    fn fused_matmul_dx(dy: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
+        match (Operand::of(&dy), Operand::of(&w)) {
+            (Some(a), Some(b)) => product(&a, &b.t(), false),
+            _ => Self::float_matmul(dy, Self::float_swap_dims(w, 0, 1)),
+        }
+    }
+
+    fn fused_matmul_dw(
+        x: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        w: &FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        match (Operand::of(&x), Operand::of(&dy)) {
+            (Some(a), Some(b)) => product(&a.t(), &b, column_major(w)),
+            _ => Self::float_matmul(Self::float_swap_dims(x, 0, 1), dy),
+        }
+    }
+}

@@ -1,0 +1,58 @@
+//! The fused matmul equals Burn's: values and both gradients, for plain and transposed weights.
+
+use burn::backend::Flex;
+use burn::tensor::Tensor;
+
+use crate::ops::linear::matmul;
+use crate::ops::testing::{assert_close, randn, Ad};
+
+/// `(y, dx, dw)` of `Σ (x·w) ⊙ r` through `f`.
+fn run(
+    f: impl Fn(Tensor<Ad, 2>, Tensor<Ad, 2>) -> Tensor<Ad, 2>,
+    x: Tensor<Ad, 2>,
+    w: Tensor<Ad, 2>,
+    r: Tensor<Ad, 2>,
+    transpose_w: bool,
+) -> (Tensor<Flex, 2>, Tensor<Flex, 2>, Tensor<Flex, 2>) {
+    let (x, w) = (x.require_grad(), w.require_grad());
+    let wv = if transpose_w { w.clone().transpose() } else { w.clone() };
+    let y = f(x.clone(), wv);
+    let grads = (y.clone() * r).sum().backward();
+    (y.inner(), x.grad(&grads).unwrap(), w.grad(&grads).unwrap())
+}
+
+fn check(n: usize, k: usize, m: usize, transpose_w: bool, seed: u64) {
+    let x = randn([n, k], 1.0, seed);
+    let w = if transpose_w { randn([m, k], 0.5, seed + 1) } else { randn([k, m], 0.5, seed + 1) };
+    let r = randn([n, m], 1.0, seed + 2);
+    let (y, dx, dw) = run(matmul, x.clone(), w.clone(), r.clone(), transpose_w);
+    let (y0, dx0, dw0) = run(|a, b| a.matmul(b), x, w, r, transpose_w);
+    let what = format!("[{n}, {k}]·[{k}, {m}] transposed {transpose_w}");
+    // Sums of k products of O(1) terms: rounding is absolute, relative to their RMS (~1).
+    assert_close(&format!("y {what}"), y, y0, 1e-5, 1.0);
+    assert_close(&format!("dx {what}"), dx, dx0, 1e-5, 1.0);
+    assert_close(&format!("dw {what}"), dw, dw0, 1e-5, 1.0);
+}
+
+#[test]
+fn matmul_and_gradients_equal_burns() {
+    check(37, 23, 41, false, 1);
+    check(37, 23, 41, true, 4);
+    // Large enough for the multi-threaded gemm.
+    check(300, 200, 190, false, 7);
+    check(300, 200, 190, true, 10);
+    check(1, 5, 1, false, 13);
+}
+
+#[test]
+fn hand_computed() {
+    let device = Default::default();
+    let x = Tensor::<Ad, 2>::from_floats([[1.0, 2.0], [3.0, 4.0]], &device);
+    let w = Tensor::<Ad, 2>::from_floats([[5.0, 6.0], [7.0, 8.0]], &device);
+    let y = matmul(x, w).into_data().to_vec::<f32>().unwrap();
+    assert_eq!(y, vec![19.0, 22.0, 43.0, 50.0]);
+    // k = 0: an empty sum is 0.
+    let x = Tensor::<Ad, 2>::zeros([2, 0], &device);
+    let w = Tensor::<Ad, 2>::zeros([0, 3], &device);
+    assert_eq!(matmul(x, w).into_data().to_vec::<f32>().unwrap(), vec![0.0; 6]);
+}

@@ -1,0 +1,23 @@
+//! Fused training ops, each with its own backward: a trait per op family (Burn's
+//! backend-extension pattern) with a generic default made of Burn tensor ops, a fast Flex
+//! implementation on raw buffers, and an `Autodiff<B>` implementation whose backward calls the
+//! inner backend's fused backward. The functions here take Burn tensors of any backend and
+//! dispatch at run time (see [`dispatch`]); a backend without fused ops gets the same math as
+//! composed tensor ops.
+
+pub mod activation;
+pub mod attention;
+pub mod dispatch;
+pub mod flex;
+pub mod linear;
+pub mod loss;
+pub mod norm;
+pub mod simd;
+
+pub use activation::{gelu, swiglu, FusedActivation};
+pub use attention::{flash_attention, flash_attention_qkv, FusedAttention};
+pub use linear::linear;
+pub use loss::{cross_entropy_sum, FusedCrossEntropy};
+pub use norm::{layer_norm, rms_norm, FusedNorm};
+#[cfg(test)]
+pub mod testing;
