@@ -144,7 +144,7 @@ pub fn bench_run(
     }
     let kind = backend.unwrap_or(config.backend);
     let (name, table_peak) = match kind {
-        BackendKind::Flex => (format!("cpu (burn-flex, {} threads)", rayon_threads()), None),
+        BackendKind::Flex => (cpu_device(rayon::current_num_threads()), None),
         BackendKind::Cuda => {
             let model = gpu_model(config.device).unwrap_or_else(|| "unknown NVIDIA GPU".into());
             (format!("cuda:{} ({model})", config.device), table_peak_flops(&config))
@@ -166,9 +166,20 @@ pub const CPU_MATMUL_SIZE: usize = 2048;
 /// data-centre GPU busy for tens of milliseconds per run.
 pub const CUDA_MATMUL_SIZE: usize = 8192;
 
-fn rayon_threads() -> usize {
-    std::env::var("RAYON_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+/// The CPU device in words: burn-flex and the threads of rayon's global pool, which burn-flex
+/// and the fused kernels run on (`RAYON_NUM_THREADS`, where 0 or garbage means one per core —
+/// rayon's rule, so the pool is asked rather than the variable parsed).
+fn cpu_device(threads: usize) -> String {
+    format!("cpu (burn-flex, {threads} thread{})", if threads == 1 { "" } else { "s" })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cpu_device;
+
+    #[test]
+    fn the_cpu_device_names_its_thread_count() {
+        assert_eq!(cpu_device(1), "cpu (burn-flex, 1 thread)");
+        assert_eq!(cpu_device(2), "cpu (burn-flex, 2 threads)");
+    }
 }
