@@ -25,13 +25,14 @@
 //! for a checkpoint) is copied first, never written through. Every other backend (CUDA) gets
 //! the same formula as Burn tensor operations.
 
-use std::any::{Any, TypeId};
+use std::any::Any;
 use std::cell::Cell;
 
 use burn::backend::flex::FlexTensor;
 use burn::optim::{AdamWState, AdaptiveMomentumState, SimpleOptimizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorPrimitive};
+use ember_model::ops::dispatch::{is, same};
 use ember_model::ops::simd::vectorized;
 use rayon::prelude::*;
 
@@ -144,13 +145,12 @@ impl<B: Backend> SimpleOptimizer<B> for FusedAdamW {
             && state.as_ref().is_none_or(|st| {
                 st.momentum.moment_1.dtype() == DType::F32 && st.momentum.moment_2.dtype() == DType::F32
             });
-        let (tensor, momentum) =
-            if f32_only && TypeId::of::<B::FloatTensorPrimitive>() == TypeId::of::<FlexTensor>() {
-                step_flex(&s, tensor, grad, state.map(|st| st.momentum))
-            } else {
-                count(|c| c.generic += 1);
-                step_tensors(&s, tensor, grad, state.map(|st| st.momentum))
-            };
+        let (tensor, momentum) = if f32_only && is::<B::FloatTensorPrimitive, FlexTensor>() {
+            step_flex(&s, tensor, grad, state.map(|st| st.momentum))
+        } else {
+            count(|c| c.generic += 1);
+            step_tensors(&s, tensor, grad, state.map(|st| st.momentum))
+        };
         (tensor, Some(AdamWState { momentum }))
     }
 
@@ -215,8 +215,7 @@ fn step_flex<B: Backend, const D: usize>(
         ),
         None => {
             let shape = flex(&mut weight).layout().shape().clone();
-            let zeros =
-                || -> B::FloatTensorPrimitive { primitive(FlexTensor::zeros(shape.clone(), DType::F32)) };
+            let zeros = || -> B::FloatTensorPrimitive { same(FlexTensor::zeros(shape.clone(), DType::F32)) };
             (zeros(), zeros(), None, true)
         }
     };
@@ -247,11 +246,6 @@ fn flex<P: 'static>(p: &mut P) -> &mut FlexTensor {
 
 fn flex_ref<P: 'static>(p: &P) -> &FlexTensor {
     (p as &dyn Any).downcast_ref::<FlexTensor>().expect("the float primitive is FlexTensor")
-}
-
-/// A [`FlexTensor`] as the float primitive `P` (which is `FlexTensor`).
-fn primitive<P: 'static>(t: FlexTensor) -> P {
-    *(Box::new(t) as Box<dyn Any>).downcast::<P>().expect("the float primitive is FlexTensor")
 }
 
 /// `t`'s `n` f32 elements as one contiguous buffer that only `t` owns, copying it first (and

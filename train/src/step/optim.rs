@@ -93,18 +93,7 @@ impl<M: AutodiffModule<B>, B: AutodiffBackend> AdamWGroups<M, B> {
     /// The groups are read off `module` at every step, not remembered: loading a record
     /// replaces parameter ids, and a stale split would silently decay LayerNorm gains.
     pub fn step(&mut self, lr: f64, module: M, mut grads: GradientsParams) -> M {
-        let mut no_decay_ids = Vec::new();
-        module.visit(&mut ParamRanks(|id, rank, _| {
-            if rank < 2 {
-                no_decay_ids.push(id);
-            }
-        }));
-        let mut no_decay = GradientsParams::new();
-        for id in no_decay_ids {
-            if let Some(grad) = grads.remove::<B::InnerBackend, 1>(id) {
-                no_decay.register(id, grad);
-            }
-        }
+        let no_decay = take_no_decay::<B, M>(&module, &mut grads);
         let module = self.decay.step(lr, module, grads);
         self.no_decay.step(lr, module, no_decay)
     }
@@ -137,6 +126,27 @@ impl<M: AutodiffModule<B>, B: AutodiffBackend> Optimizer<M, B> for AdamWGroups<M
         self.no_decay = self.no_decay.load_record(no_decay);
         self
     }
+}
+
+/// Moves the gradients of `module`'s rank-1 parameters (biases, norm gains: the no-decay
+/// group) out of `grads` into their own [`GradientsParams`]; the rank ≥ 2 ones stay.
+fn take_no_decay<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    grads: &mut GradientsParams,
+) -> GradientsParams {
+    let mut no_decay_ids = Vec::new();
+    module.visit(&mut ParamRanks(|id, rank, _| {
+        if rank < 2 {
+            no_decay_ids.push(id);
+        }
+    }));
+    let mut no_decay = GradientsParams::new();
+    for id in no_decay_ids {
+        if let Some(grad) = grads.remove::<B::InnerBackend, 1>(id) {
+            no_decay.register(id, grad);
+        }
+    }
+    no_decay
 }
 
 /// Moves each parameter's summed multi-device gradient into one [`GradientsParams`].
@@ -321,18 +331,7 @@ mod tests {
         }
 
         fn step(&mut self, lr: f64, module: M, mut grads: GradientsParams) -> M {
-            let mut no_decay_ids = Vec::new();
-            module.visit(&mut ParamRanks(|id, rank, _| {
-                if rank < 2 {
-                    no_decay_ids.push(id);
-                }
-            }));
-            let mut no_decay = GradientsParams::new();
-            for id in no_decay_ids {
-                if let Some(grad) = grads.remove::<Flex, 1>(id) {
-                    no_decay.register(id, grad);
-                }
-            }
+            let no_decay = take_no_decay::<Ad, M>(&module, &mut grads);
             let module = self.decay.step(lr, module, grads);
             self.no_decay.step(lr, module, no_decay)
         }
