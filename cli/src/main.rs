@@ -253,13 +253,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 /// 50k-vocab model's step, whose logits alone are 200 MB). Serving every block from the heap
 /// (`M_MMAP_MAX = 0`) and never trimming it keeps freed buffers for the next step, as PyTorch's
 /// CPU caching allocator does. The heap then stays at the step's peak until exit, which is the
-/// same peak the step needs anyway. Not glibc: nothing to do.
+/// same peak the step needs anyway. One arena (`M_ARENA_MAX = 1`): blocks freed on rayon's
+/// worker threads otherwise empty those threads' own 64 MiB arenas, which glibc unmaps and
+/// maps again on the next step (11,000 page faults per step on the 6/6/384 benchmark config,
+/// 200 with one arena). Not glibc: nothing to do.
 fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator tuning; called before other threads exist.
     unsafe {
         libc::mallopt(libc::M_MMAP_MAX, 0);
         libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+        libc::mallopt(libc::M_ARENA_MAX, 1);
     }
 }
 

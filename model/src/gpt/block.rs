@@ -10,6 +10,7 @@ use super::config::GptConfig;
 use super::mlp::Mlp;
 use crate::attention::LayerCache;
 use crate::ops::norm::layer_norm_module;
+use crate::ops::residual_add;
 use crate::packing::Packing;
 
 /// `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`.
@@ -50,8 +51,9 @@ impl<B: Backend> Block<B> {
         packing: Option<&Packing<B>>,
     ) -> Tensor<B, 3> {
         let ln = |ln: &LayerNorm<B>, x: Tensor<B, 3>| layer_norm_module(ln, x, self.ln_eps); // fused (ops::norm)
-        let x = x.clone() + self.attn.forward(ln(&self.ln_1, x), cache, packing);
-        x.clone() + self.mlp.forward(ln(&self.ln_2, x))
+                                                                                             // Residual adds: in parallel, in place over the branch output (ops::residual).
+        let x = residual_add(x.clone(), self.attn.forward(ln(&self.ln_1, x), cache, packing));
+        residual_add(x.clone(), self.mlp.forward(ln(&self.ln_2, x)))
     }
 }
 

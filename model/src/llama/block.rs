@@ -10,6 +10,7 @@ use super::config::LlamaConfig;
 use super::mlp::LlamaMlp;
 use crate::attention::LayerCache;
 use crate::ops::norm::rms_norm_module;
+use crate::ops::residual_add;
 use crate::packing::Packing;
 
 /// `h = x + attn(rms(x))`, `out = h + mlp(rms(h))` (Hugging Face `LlamaDecoderLayer`).
@@ -45,9 +46,11 @@ impl<B: Backend> LlamaLayer<B> {
         cache: Option<LayerCache<'_, B>>,
         packing: Option<&Packing<B>>,
     ) -> Tensor<B, 3> {
-        let h = x.clone()
-            + self.self_attn.forward(rms_norm_module(&self.input_layernorm, x), cos, sin, cache, packing);
-        h.clone() + self.mlp.forward(rms_norm_module(&self.post_attention_layernorm, h))
+        let h = residual_add(
+            x.clone(),
+            self.self_attn.forward(rms_norm_module(&self.input_layernorm, x), cos, sin, cache, packing),
+        );
+        residual_add(h.clone(), self.mlp.forward(rms_norm_module(&self.post_attention_layernorm, h)))
     }
 }
 

@@ -12,6 +12,7 @@ pub mod flex;
 pub mod linear;
 pub mod loss;
 pub mod norm;
+pub mod residual;
 pub mod simd;
 
 pub use activation::{gelu, swiglu, FusedActivation};
@@ -19,5 +20,6 @@ pub use attention::{flash_attention, flash_attention_qkv, FusedAttention};
 pub use linear::linear;
 pub use loss::{cross_entropy_sum, FusedCrossEntropy};
 pub use norm::{layer_norm, rms_norm, FusedNorm};
+pub use residual::{residual_add, FusedAdd};
 #[cfg(test)]
 pub mod testing;

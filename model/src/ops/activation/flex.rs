@@ -2,7 +2,7 @@
 
 use burn::backend::Flex;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::TensorMetadata;
+use burn::tensor::{DType, TensorMetadata};
 use rayon::prelude::*;
 
 use super::{composed, FusedActivation};
@@ -14,22 +14,68 @@ const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 const INV_SQRT_2PI: f32 = 0.398_942_3;
 const CHUNK: usize = 16 * 1024;
 
-/// `out[i] = f(a[i], b[i])` over equal-length slices, in parallel chunks. Pass `f` marked
-/// `#[inline(always)]`: otherwise it stays a call per element, compiled without the wide
-/// instructions (GELU's backward was a quarter of a training step that way).
+/// `out[i] = f(a[i], b[i])` over equal-length slices, in parallel chunks, into a new buffer
+/// that is written once (never zeroed first). Pass `f` marked `#[inline(always)]`: otherwise
+/// it stays a call per element, compiled without the wide instructions (GELU's backward was
+/// a quarter of a training step that way).
 fn map2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
-    let mut out = vec![0f32; a.len()];
-    out.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK)).zip(b.par_chunks(CHUNK)).for_each(|((o, a), b)| {
+    let n = a.len();
+    assert_eq!(n, b.len(), "map2: operand lengths");
+    let mut out = Vec::with_capacity(n);
+    out.spare_capacity_mut()[..n]
+        .par_chunks_mut(CHUNK)
+        .zip(a.par_chunks(CHUNK))
+        .zip(b.par_chunks(CHUNK))
+        .for_each(|((o, a), b)| {
+            vectorized(
+                #[inline(always)]
+                || {
+                    for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
+                        o.write(f(a, b));
+                    }
+                },
+            )
+        });
+    // SAFETY: the chunks above cover all n elements, each written once.
+    unsafe { out.set_len(n) };
+    out
+}
+
+/// `b[i] = f(a[i], b[i])` in place, in parallel chunks (as [`map2`]).
+fn map2_in_place(a: &[f32], b: &mut [f32], f: impl Fn(f32, f32) -> f32 + Sync) {
+    assert_eq!(a.len(), b.len(), "map2: operand lengths");
+    b.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK)).for_each(|(b, a)| {
         vectorized(
             #[inline(always)]
             || {
-                for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
-                    *o = f(a, b);
+                for (b, &a) in b.iter_mut().zip(a) {
+                    *b = f(a, *b);
                 }
             },
         )
     });
-    out
+}
+
+/// `grad` with `grad[i] = f(x[i], grad[i])`: in place when `grad` is a contiguous f32 buffer
+/// nothing else holds (the usual incoming gradient), else in a new buffer; `Err(grad)`
+/// untouched when `x` or `grad` is not f32.
+fn map_grad(
+    x: &FloatTensor<Flex>,
+    mut grad: FloatTensor<Flex>,
+    f: impl Fn(f32, f32) -> f32 + Sync,
+) -> Result<FloatTensor<Flex>, FloatTensor<Flex>> {
+    let Some(xs) = contiguous_f32(x) else { return Err(grad) };
+    if grad.dtype() != DType::F32 || grad.shape() != x.shape() {
+        return Err(grad);
+    }
+    if let Some((start, end)) = grad.layout().contiguous_offsets() {
+        if let Some(buf) = grad.try_storage_mut::<f32>() {
+            map2_in_place(&xs, &mut buf[start..end], f);
+            return Ok(grad);
+        }
+    }
+    let gs = contiguous_f32(&grad).expect("f32");
+    Ok(from_vec(map2(&xs, &gs, f), grad.shape()))
 }
 
 #[inline(always)]
@@ -84,24 +130,21 @@ impl FusedActivation for Flex {
         grad: FloatTensor<Self>,
         kind: GeluKind,
     ) -> FloatTensor<Self> {
-        let (Some(xs), Some(gs)) = (contiguous_f32(&x), contiguous_f32(&grad)) else {
-            return composed::gelu_backward::<Self>(x, grad, kind);
-        };
         let out = match kind {
-            GeluKind::Erf => map2(
-                &xs,
-                &gs,
+            GeluKind::Erf => map_grad(
+                &x,
+                grad,
                 #[inline(always)]
                 |x, g| g * gelu_erf_slope(x),
             ),
-            GeluKind::Tanh => map2(
-                &xs,
-                &gs,
+            GeluKind::Tanh => map_grad(
+                &x,
+                grad,
                 #[inline(always)]
                 |x, g| g * gelu_tanh_slope(x),
             ),
         };
-        from_vec(out, x.shape())
+        out.unwrap_or_else(|grad| composed::gelu_backward::<Self>(x, grad, kind))
     }
 
     fn fused_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -130,10 +173,11 @@ impl FusedActivation for Flex {
             return composed::swiglu_backward::<Self>(gate, up, grad);
         };
         let n = gs.len();
-        let (mut dgate, mut dup) = (vec![0f32; n], vec![0f32; n]);
-        dgate
+        assert!(us.len() == n && ds.len() == n, "swiglu backward: operand lengths");
+        let (mut dgate, mut dup) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        dgate.spare_capacity_mut()[..n]
             .par_chunks_mut(CHUNK)
-            .zip(dup.par_chunks_mut(CHUNK))
+            .zip(dup.spare_capacity_mut()[..n].par_chunks_mut(CHUNK))
             .zip(gs.par_chunks(CHUNK).zip(us.par_chunks(CHUNK)).zip(ds.par_chunks(CHUNK)))
             .for_each(|((dg, du), ((g, u), d))| {
                 vectorized(
@@ -141,12 +185,17 @@ impl FusedActivation for Flex {
                     || {
                         for i in 0..dg.len() {
                             let s = sigmoid(g[i]);
-                            dg[i] = d[i] * u[i] * s * (1.0 + g[i] * (1.0 - s));
-                            du[i] = d[i] * g[i] * s;
+                            dg[i].write(d[i] * u[i] * s * (1.0 + g[i] * (1.0 - s)));
+                            du[i].write(d[i] * g[i] * s);
                         }
                     },
                 )
             });
+        // SAFETY: the chunks cover all n elements of both, each written once.
+        unsafe {
+            dgate.set_len(n);
+            dup.set_len(n);
+        }
         let shape = gate.shape();
         (from_vec(dgate, shape.clone()), from_vec(dup, shape))
     }

@@ -69,3 +69,28 @@ fn swiglu_values_and_gradients_equal_the_composed_ops() {
     assert_close("dswiglu/dgate", gf.grad(&grads_f).unwrap(), gr.grad(&grads_r).unwrap(), 1e-5, 1e-2);
     assert_close("dswiglu/dup", uf.grad(&grads_f).unwrap(), ur.grad(&grads_r).unwrap(), 1e-5, 1e-2);
 }
+
+#[test]
+fn gelu_backward_writes_into_an_unshared_gradient() {
+    use burn::backend::Flex;
+    use burn::tensor::TensorPrimitive;
+
+    use super::FusedActivation;
+
+    let x = randn([3, 40, 70], 2.0, 11).inner();
+    let g = randn([3, 40, 70], 1.0, 12).inner();
+    let prim = |t: Tensor<Flex, 3>| t.into_primitive().tensor();
+    let wrap = |p| Tensor::<Flex, 3>::from_primitive(TensorPrimitive::Float(p));
+    for kind in [GeluKind::Erf, GeluKind::Tanh] {
+        // Shared: `g` is still held here, so a new buffer.
+        let shared = Flex::fused_gelu_backward(prim(x.clone()), prim(g.clone()), kind);
+        // A copy of g that nothing else holds: written over.
+        let own = prim(g.clone() * 1.0);
+        let ptr = own.bytes().as_ptr();
+        let unshared = Flex::fused_gelu_backward(prim(x.clone()), own, kind);
+        assert_eq!(unshared.bytes().as_ptr(), ptr, "{kind:?}: allocated instead of reusing the gradient");
+        assert_eq!(wrap(shared).into_data(), wrap(unshared).into_data(), "{kind:?}");
+    }
+    // g itself is untouched.
+    assert_eq!(g.into_data(), randn([3, 40, 70], 1.0, 12).inner().into_data());
+}

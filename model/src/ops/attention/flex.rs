@@ -1,9 +1,10 @@
 //! Attention on Flex's raw f32 buffers, FlashAttention-2 style (Dao 2023, Algorithms 1 and 2).
 //!
-//! Forward: one rayon task per (batch, query head); per task the head's K (transposed) and V
-//! are copied once into scratch, then query blocks of [`BR`] rows sweep key blocks of [`BC`]
-//! keys with the online softmax (running maximum `m`, sum `ℓ`, unnormalized output rescaled by
-//! `exp(m_old − m_new)`), saving `out = acc/ℓ` and `lse = m + log ℓ`.
+//! Forward: one rayon task per (batch, query head); per task the kv head's Kᵀ, scaled by
+//! `1/√d`, is staged once into scratch (transposed [`L`] rows at a time), then query blocks of
+//! [`BR`] rows sweep key blocks of [`BC`] keys with the online softmax (running maximum `m`,
+//! sum `ℓ`, unnormalized output rescaled by `exp(m_old − m_new)`), saving `out = acc/ℓ` and
+//! `lse = m + log ℓ`.
 //!
 //! Backward: one task per (batch, kv head), which owns dK and dV of that head and dQ of the
 //! query heads reading it (so every output element is written by exactly one task, in a fixed
@@ -11,18 +12,23 @@
 //! (outer) and query blocks (inner), recomputing `P = exp(S − lse)` and accumulating
 //! `dV += Pᵀ·dO`, `dK += dSᵀ·Q`, `dQ += dS·K` with `dS = P ∘ (dO·Vᵀ − D)`.
 //!
-//! Every product is a small matrix product `C (+)= A·B` with A and B row-major ([`gemm`]; the
-//! backward transposes its `BR × BC` blocks P and dS into scratch for `Pᵀ·dO` and `dSᵀ·Q`),
-//! computed in register tiles: 8 rows × 32 columns with AVX-512 intrinsics, 4 × 16 with AVX2
-//! and FMA, or 4 × 16 left to the compiler elsewhere ([`Isa`], detected at run time; each task
-//! is compiled once per instruction set through `#[target_feature]` entry points, which is
-//! what [`crate::ops::simd::vectorized`] does for closures). Each step of a tile is an axpy of
-//! a row of B, so no sum is reordered: every element is accumulated in order of the inner
-//! index. The row operations (maximum, `exp`, sums) use lane-wise accumulators and
+//! Every product is a small matrix product `C (+)= A·B` ([`gemm`]): A is read element by element
+//! with any strides ([`Strided`]: a transposed block is the same buffer with its strides
+//! swapped, so Pᵀ and dSᵀ are never copied), B row by row in whole vectors. Q, K, V, dO and O
+//! are read in place from the caller's tensors (e.g. GPT's `[B, T, 3·C]` projection) wherever
+//! their rows are contiguous — as right operands only when `d_head` is a multiple of [`L`] —
+//! else copied into padded scratch; only Kᵀ and Vᵀ are always staged. The products run in
+//! register tiles: 8 rows × 32 columns with AVX-512 intrinsics, 4 × 16 with AVX2 and FMA, or
+//! 4 × 16 left to the compiler elsewhere ([`Isa`], detected at run time; each task is compiled
+//! once per instruction set through `#[target_feature]` entry points, which is what
+//! [`crate::ops::simd::vectorized`] does for closures). Each step of a tile is an axpy of a
+//! row of B, so no sum is reordered: every element is accumulated in order of the inner index.
+//! The row operations (maximum, `exp`, sums) use lane-wise accumulators and
 //! [`crate::ops::simd::exp`] so the compiler vectorizes them.
 //!
 //! Scratch is per task, O(T·D) plus a few `BR × BC` blocks, allocated once per rayon job and
-//! reused across its tasks.
+//! reused across its tasks. The outputs are never zeroed: the tasks write every element
+//! ([`Output`]).
 
 use burn::backend::flex::FlexTensor;
 use burn::backend::Flex;
@@ -70,6 +76,68 @@ impl<'a> View<'a> {
         Self { data, offset, strides }
     }
 
+    /// Head `(b, h)` as a `[len, ·]` row-major matrix `(values, leading dimension)`: read in
+    /// place when `in_place` and its `d` values are contiguous, else copied into `scratch`
+    /// (rows of `dp`, whose padding columns are left as they are).
+    fn head<'s>(
+        &self,
+        (b, h): (usize, usize),
+        (len, d, dp): (usize, usize, usize),
+        in_place: bool,
+        scratch: &'s mut [f32],
+    ) -> (&'s [f32], usize)
+    where
+        'a: 's,
+    {
+        if in_place && self.strides[3] == 1 {
+            let base = self.offset + b * self.strides[0] + h * self.strides[2];
+            return (&self.data[base..], self.strides[1]);
+        }
+        for t in 0..len {
+            self.read(b, t, h, &mut scratch[t * dp..t * dp + d]);
+        }
+        (scratch, dp)
+    }
+
+    /// Row `(b, t, h)`'s `d` values: borrowed when contiguous, else copied into `scratch`.
+    #[inline(always)]
+    fn row<'s>(&self, (b, t, h): (usize, usize, usize), d: usize, scratch: &'s mut [f32]) -> &'s [f32]
+    where
+        'a: 's,
+    {
+        if self.strides[3] == 1 {
+            let base = self.offset + b * self.strides[0] + t * self.strides[1] + h * self.strides[2];
+            return &self.data[base..base + d];
+        }
+        self.read(b, t, h, &mut scratch[..d]);
+        &scratch[..d]
+    }
+
+    /// Head `(b, h)` transposed and scaled: `dst[dd·ld + t] = scale · x[b, t, h, dd]`. Rows
+    /// are read [`L`] at a time into `block` (`[L, d]`), so each written line of `dst` is
+    /// filled at once (a row-by-row scatter missed the cache on every store).
+    fn stage_transposed(
+        &self,
+        (b, h): (usize, usize),
+        (len, d): (usize, usize),
+        scale: f32,
+        block: &mut [f32],
+        (dst, ld): (&mut [f32], usize),
+    ) {
+        for t0 in (0..len).step_by(L) {
+            let n = L.min(len - t0);
+            for r in 0..n {
+                self.read(b, t0 + r, h, &mut block[r * d..(r + 1) * d]);
+            }
+            for dd in 0..d {
+                let out = &mut dst[dd * ld + t0..dd * ld + t0 + n];
+                for (r, o) in out.iter_mut().enumerate() {
+                    *o = block[r * d + dd] * scale;
+                }
+            }
+        }
+    }
+
     /// Copies the `dst.len()` values of row `(b, t, h)` into `dst`.
     #[inline(always)]
     fn read(&self, b: usize, t: usize, h: usize, dst: &mut [f32]) {
@@ -100,12 +168,38 @@ struct Writer {
 unsafe impl Send for Writer {}
 unsafe impl Sync for Writer {}
 
-impl Writer {
-    /// A view of `buf` (several writers may share one buffer: derive them from one pointer).
-    fn new(buf: &mut [f32], offset: usize, strides: [usize; 4]) -> Self {
-        Self { ptr: buf.as_mut_ptr(), len: buf.len(), offset, strides }
+/// An output buffer of `len` f32 that the tasks fill completely — every element of every
+/// output row is written by exactly one task (see the module docs) — so it is never zeroed
+/// first (zeroing an output the size of the activations costs as much as a pass over it, on
+/// the calling thread).
+struct Output {
+    buf: Vec<f32>,
+    len: usize,
+}
+
+impl Output {
+    fn new(len: usize) -> Self {
+        Self { buf: Vec::with_capacity(len), len }
     }
 
+    /// A writer over the whole buffer (several writers may share it: derive them with
+    /// [`Writer::at`]).
+    fn writer(&mut self, offset: usize, strides: [usize; 4]) -> Writer {
+        Writer { ptr: self.buf.spare_capacity_mut().as_mut_ptr().cast(), len: self.len, offset, strides }
+    }
+
+    /// The filled buffer.
+    ///
+    /// # Safety
+    /// Every one of the `len` elements has been written through a writer.
+    unsafe fn into_vec(mut self) -> Vec<f32> {
+        // SAFETY: the caller's guarantee; `len` is within the capacity.
+        unsafe { self.buf.set_len(self.len) };
+        self.buf
+    }
+}
+
+impl Writer {
     /// The same buffer at another offset and strides.
     fn at(self, offset: usize, strides: [usize; 4]) -> Self {
         Self { offset, strides, ..self }
@@ -119,10 +213,13 @@ impl Writer {
     unsafe fn write(&self, b: usize, t: usize, h: usize, src: &[f32], scale: f32) {
         let base = self.offset + b * self.strides[0] + t * self.strides[1] + h * self.strides[2];
         debug_assert!(self.strides[3] == 1 && base + src.len() <= self.len);
-        // SAFETY: in bounds (the strides describe the buffer) and not shared (the caller).
-        let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(base), src.len()) };
+        // SAFETY: in bounds (the strides describe the buffer) and not shared (the caller); the
+        // memory may be uninitialized, so it is written through `MaybeUninit`, never read.
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut(self.ptr.add(base).cast::<std::mem::MaybeUninit<f32>>(), src.len())
+        };
         for (d, &s) in dst.iter_mut().zip(src) {
-            *d = s * scale;
+            d.write(s * scale);
         }
     }
 }
@@ -164,6 +261,17 @@ impl Dims {
     fn rep(&self) -> usize {
         self.n_head / self.n_kv
     }
+
+    /// Whether a head's rows can be a product's right operand in place: the kernels read
+    /// whole vectors of [`L`] columns, so `d` must be a multiple of it.
+    fn b_in_place(&self) -> bool {
+        self.d == self.dp
+    }
+
+    /// The keys of block `j0` inside the sequence.
+    fn keys(&self, j0: usize) -> usize {
+        BC.min(self.len - j0)
+    }
 }
 
 /// `t` with non-negative strides (a copy only for flipped views).
@@ -203,26 +311,47 @@ trait Kernel {
         }
     }
 
-    /// [`gemm`] on raw pointers.
+    /// [`gemm`] on raw pointers (A with its row and column strides).
     ///
     /// # Safety
     /// The bounds [`gemm`] asserts hold, and the CPU has the kernel's instruction set.
     unsafe fn gemm<const ACC: bool>(
         mnk: (usize, usize, usize),
-        a: (*const f32, usize),
+        a: (*const f32, usize, usize),
         b: (*const f32, usize),
         c: (*mut f32, usize),
     );
 }
 
-/// `C[m × n] = A·B` (or `+=` with `ACC`): `A[m × k]` row-major with leading dimension `lda`,
-/// `B[k × n]` row-major with `ldb`, `C` with `ldc`, `n` a multiple of [`L`]. Every element is
+/// A matrix operand read element by element: `A[i][p] = data[i·rs + p·cs]` (a transposed
+/// block is the same buffer with the strides swapped: no transpose is copied).
+#[derive(Clone, Copy)]
+struct Strided<'a> {
+    data: &'a [f32],
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a> Strided<'a> {
+    /// Row-major with leading dimension `ld`.
+    fn rows(data: &'a [f32], ld: usize) -> Self {
+        Self { data, rs: ld, cs: 1 }
+    }
+
+    /// The transpose of a row-major block with leading dimension `ld`.
+    fn transposed(data: &'a [f32], ld: usize) -> Self {
+        Self { data, rs: 1, cs: ld }
+    }
+}
+
+/// `C[m × n] = A·B` (or `+=` with `ACC`): `A[m × k]` with any strides, `B[k × n]` row-major
+/// with leading dimension `ldb`, `C` with `ldc`, `n` a multiple of [`L`]. Every element is
 /// summed over `p = 0..k` in order (one multiply-add per step), whatever the tiling, so the
 /// result does not depend on the blocking or the thread count.
 #[inline(always)]
 fn gemm<K: Kernel, const ACC: bool>(
     (m, n, k): (usize, usize, usize),
-    (a, lda): (&[f32], usize),
+    a: Strided<'_>,
     (b, ldb): (&[f32], usize),
     (c, ldc): (&mut [f32], usize),
 ) {
@@ -230,14 +359,16 @@ fn gemm<K: Kernel, const ACC: bool>(
         n.is_multiple_of(L)
             && m > 0
             && k > 0
-            && (m - 1) * lda + k <= a.len()
+            && (m - 1) * a.rs + (k - 1) * a.cs < a.data.len()
             && (k - 1) * ldb + n <= b.len()
             && (m - 1) * ldc + n <= c.len(),
         "gemm: {m}×{n}×{k} out of bounds"
     );
     // SAFETY: every element the kernel reads or writes is inside the asserted bounds; the
     // caller runs `K` only where the CPU has its instructions (see `Isa`).
-    unsafe { K::gemm::<ACC>((m, n, k), (a.as_ptr(), lda), (b.as_ptr(), ldb), (c.as_mut_ptr(), ldc)) }
+    unsafe {
+        K::gemm::<ACC>((m, n, k), (a.data.as_ptr(), a.rs, a.cs), (b.as_ptr(), ldb), (c.as_mut_ptr(), ldc))
+    }
 }
 
 /// Any CPU: 4 × 16 tiles left to the compiler's vectorizer (fused multiply-add on aarch64).
@@ -248,7 +379,7 @@ impl Portable {
     #[inline(always)]
     unsafe fn tile<const ACC: bool, const MR: usize>(
         (i, j, k): (usize, usize, usize),
-        (a, lda): (*const f32, usize),
+        (a, ars, acs): (*const f32, usize, usize),
         (b, ldb): (*const f32, usize),
         (c, ldc): (*mut f32, usize),
     ) {
@@ -261,7 +392,7 @@ impl Portable {
         }
         for p in 0..k {
             for (r, acc) in acc.iter_mut().enumerate() {
-                let av = unsafe { *a.add((i + r) * lda + p) };
+                let av = unsafe { *a.add((i + r) * ars + p * acs) };
                 for (x, acc) in acc.iter_mut().enumerate() {
                     *acc = Self::madd(av, unsafe { *b.add(p * ldb + j + x) }, *acc);
                 }
@@ -281,7 +412,7 @@ impl Kernel for Portable {
     #[inline(always)]
     unsafe fn gemm<const ACC: bool>(
         (m, n, k): (usize, usize, usize),
-        a: (*const f32, usize),
+        a: (*const f32, usize, usize),
         b: (*const f32, usize),
         c: (*mut f32, usize),
     ) {
@@ -314,7 +445,7 @@ mod x86 {
         #[inline(always)]
         unsafe fn tile<const ACC: bool, const MR: usize, const NV: usize>(
             (i, j, k): (usize, usize, usize),
-            (a, lda): (*const f32, usize),
+            (a, ars, acs): (*const f32, usize, usize),
             (b, ldb): (*const f32, usize),
             (c, ldc): (*mut f32, usize),
         ) {
@@ -334,7 +465,7 @@ mod x86 {
                         *bv = _mm512_loadu_ps(b.add(p * ldb + j + 16 * v));
                     }
                     for (r, acc) in acc.iter_mut().enumerate() {
-                        let av = _mm512_set1_ps(*a.add((i + r) * lda + p));
+                        let av = _mm512_set1_ps(*a.add((i + r) * ars + p * acs));
                         for (acc, &bv) in acc.iter_mut().zip(&bv) {
                             *acc = _mm512_fmadd_ps(av, bv, *acc);
                         }
@@ -351,7 +482,7 @@ mod x86 {
         #[inline(always)]
         unsafe fn column<const ACC: bool, const NV: usize>(
             (m, j, k): (usize, usize, usize),
-            a: (*const f32, usize),
+            a: (*const f32, usize, usize),
             b: (*const f32, usize),
             c: (*mut f32, usize),
         ) {
@@ -379,7 +510,7 @@ mod x86 {
         #[inline(always)]
         unsafe fn gemm<const ACC: bool>(
             (m, n, k): (usize, usize, usize),
-            a: (*const f32, usize),
+            a: (*const f32, usize, usize),
             b: (*const f32, usize),
             c: (*mut f32, usize),
         ) {
@@ -405,7 +536,7 @@ mod x86 {
         #[inline(always)]
         unsafe fn tile<const ACC: bool, const MR: usize>(
             (i, j, k): (usize, usize, usize),
-            (a, lda): (*const f32, usize),
+            (a, ars, acs): (*const f32, usize, usize),
             (b, ldb): (*const f32, usize),
             (c, ldc): (*mut f32, usize),
         ) {
@@ -423,7 +554,7 @@ mod x86 {
                     let b0 = _mm256_loadu_ps(b.add(p * ldb + j));
                     let b1 = _mm256_loadu_ps(b.add(p * ldb + j + 8));
                     for (r, acc) in acc.iter_mut().enumerate() {
-                        let av = _mm256_set1_ps(*a.add((i + r) * lda + p));
+                        let av = _mm256_set1_ps(*a.add((i + r) * ars + p * acs));
                         acc[0] = _mm256_fmadd_ps(av, b0, acc[0]);
                         acc[1] = _mm256_fmadd_ps(av, b1, acc[1]);
                     }
@@ -443,7 +574,7 @@ mod x86 {
         #[inline(always)]
         unsafe fn gemm<const ACC: bool>(
             (m, n, k): (usize, usize, usize),
-            a: (*const f32, usize),
+            a: (*const f32, usize, usize),
             b: (*const f32, usize),
             c: (*mut f32, usize),
         ) {
@@ -488,16 +619,29 @@ fn visible(i: usize, start: usize, j0: usize) -> (usize, usize) {
     (start.max(j0) - j0, (i + 1).min(j0 + BC) - j0)
 }
 
-/// `row[c] = exp(row[c] − shift)` for `c` in `[cs, ce)`, 0 elsewhere; returns the sum.
+/// `row[c] = exp(row[c] − shift)` for `c` in `[cs, ce)`, 0 elsewhere; returns the sum. A fully
+/// visible block (most of them) takes a loop without the mask.
 #[inline(always)]
 fn exp_row(row: &mut [f32], cs: usize, ce: usize, shift: f32) -> f32 {
     let mut acc = [0f32; L];
-    for (n, chunk) in row.chunks_exact_mut(L).enumerate() {
-        for (x, (v, a)) in chunk.iter_mut().zip(acc.iter_mut()).enumerate() {
-            let c = n * L + x;
-            let p = if c >= cs && c < ce { exp(*v - shift) } else { 0.0 };
-            *v = p;
-            *a += p;
+    if cs == 0 && ce >= row.len() {
+        for chunk in row.chunks_exact_mut(L) {
+            for (v, a) in chunk.iter_mut().zip(acc.iter_mut()) {
+                let p = exp(*v - shift);
+                *v = p;
+                *a += p;
+            }
+        }
+    } else {
+        // 32-bit lane indices: the compare fills a whole vector (64-bit ones half of it).
+        let (cs, ce) = (cs as u32, ce as u32);
+        for (n, chunk) in row.chunks_exact_mut(L).enumerate() {
+            for (x, (v, a)) in chunk.iter_mut().zip(acc.iter_mut()).enumerate() {
+                let c = (n * L + x) as u32;
+                let p = if c >= cs && c < ce { exp(*v - shift) } else { 0.0 };
+                *v = p;
+                *a += p;
+            }
         }
     }
     acc.iter().sum()
@@ -505,11 +649,10 @@ fn exp_row(row: &mut [f32], cs: usize, ce: usize, shift: f32) -> f32 {
 
 /// Scratch of one forward task.
 struct ForwardScratch {
-    /// K of the kv head, transposed: `[dp, tp]`.
+    /// K of the kv head scaled by `1/√d`, transposed: `[dp, tp]`.
     kt: Vec<f32>,
-    /// V of the kv head: `[tp, dp]`.
+    /// V and Q of the head when they cannot be read in place: `[tp, dp]`.
     v: Vec<f32>,
-    /// The query block, scaled by `1/√d`: `[BR, dp]`.
     q: Vec<f32>,
     /// Scores, then probabilities: `[BR, BC]`.
     s: Vec<f32>,
@@ -517,7 +660,8 @@ struct ForwardScratch {
     acc: Vec<f32>,
     m: Vec<f32>,
     l: Vec<f32>,
-    row: Vec<f32>,
+    /// [`L`] rows being transposed: `[L, d]`.
+    block: Vec<f32>,
 }
 
 impl ForwardScratch {
@@ -526,12 +670,12 @@ impl ForwardScratch {
         Self {
             kt: vec![0.0; dp * tp],
             v: vec![0.0; tp * dp],
-            q: vec![0.0; BR * dp],
+            q: vec![0.0; tp * dp],
             s: vec![0.0; BR * BC],
             acc: vec![0.0; BR * dp],
             m: vec![0.0; BR],
             l: vec![0.0; BR],
-            row: vec![0.0; dp],
+            block: vec![0.0; L * dp],
         }
     }
 }
@@ -555,7 +699,8 @@ impl Inputs<'_> {
 }
 
 /// Forward of query head `h` in batch `b` (FlashAttention-2 Algorithm 1): writes its rows of
-/// `out` and `lse`.
+/// `out` and `lse`. Q and V are read in place where their layout allows; the scale `1/√d`
+/// is folded into the staged Kᵀ.
 #[inline(always)]
 fn forward_task<K: Kernel>(
     x: &Inputs<'_>,
@@ -565,29 +710,22 @@ fn forward_task<K: Kernel>(
 ) {
     let Dims { len, d, dp, tp, scale, .. } = x.dims;
     let g = h / x.dims.rep();
-    for t in 0..len {
-        x.k.read(b, t, g, &mut s.row[..d]);
-        for (dd, &val) in s.row[..d].iter().enumerate() {
-            s.kt[dd * tp + t] = val;
-        }
-        x.v.read(b, t, g, &mut s.v[t * dp..t * dp + d]);
-    }
+    x.k.stage_transposed((b, g), (len, d), scale, &mut s.block, (&mut s.kt, tp));
+    let (q, ldq) = x.q.head((b, h), (len, d, dp), true, &mut s.q);
+    let (v, ldv) = x.v.head((b, g), (len, d, dp), x.dims.b_in_place(), &mut s.v);
     for i0 in (0..len).step_by(BR) {
         let rows = BR.min(len - i0);
-        let mut lo = usize::MAX;
-        for r in 0..rows {
-            let q = &mut s.q[r * dp..r * dp + d];
-            x.q.read(b, i0 + r, h, q);
-            for v in q.iter_mut() {
-                *v *= scale;
-            }
-            lo = lo.min(x.start(b, i0 + r));
-        }
+        let lo = (i0..i0 + rows).map(|i| x.start(b, i)).min().unwrap_or(0);
         s.m[..rows].fill(f32::NEG_INFINITY);
         s.l[..rows].fill(0.0);
         s.acc[..rows * dp].fill(0.0);
         for j0 in (lo / BC * BC..i0 + rows).step_by(BC) {
-            gemm::<K, false>((rows, BC, dp), (&s.q, dp), (&s.kt[j0..], tp), (&mut s.s, BC));
+            gemm::<K, false>(
+                (rows, BC, d),
+                Strided::rows(&q[i0 * ldq..], ldq),
+                (&s.kt[j0..], tp),
+                (&mut s.s, BC),
+            );
             for r in 0..rows {
                 let i = i0 + r;
                 let (cs, ce) = visible(i, x.start(b, i), j0);
@@ -607,7 +745,9 @@ fn forward_task<K: Kernel>(
                     }
                 }
             }
-            gemm::<K, true>((rows, dp, BC), (&s.s, BC), (&s.v[j0 * dp..], dp), (&mut s.acc, dp));
+            // The probabilities of keys past the sequence are 0: only the keys inside it count.
+            let kn = x.dims.keys(j0);
+            gemm::<K, true>((rows, dp, kn), Strided::rows(&s.s, BC), (&v[j0 * ldv..], ldv), (&mut s.acc, dp));
         }
         for r in 0..rows {
             let l = s.l[r];
@@ -624,26 +764,28 @@ fn forward_task<K: Kernel>(
 
 /// Scratch of one backward task.
 struct BackwardScratch {
-    /// K transposed `[dp, tp]`, K `[tp, dp]`, V transposed `[dp, tp]`.
+    /// K scaled by `1/√d` and transposed `[dp, tp]`, V transposed `[dp, tp]`.
     kt: Vec<f32>,
-    k: Vec<f32>,
     vt: Vec<f32>,
-    /// dK and dV of the kv head: `[tp, dp]`.
+    /// K `[tp, dp]` when it cannot be read in place.
+    k: Vec<f32>,
+    /// dK (unscaled) and dV of the kv head: `[tp, dp]`.
     dk: Vec<f32>,
     dv: Vec<f32>,
-    /// Per query head: Q scaled by `1/√d`, dO, dQ (unscaled) `[tp, dp]`; lse and
-    /// `D = rowsum(dO ∘ O)` `[tp]`.
+    /// Per query head: Q and dO when they cannot be read in place, dQ (unscaled) `[tp, dp]`;
+    /// lse and `D = rowsum(dO ∘ O)` `[tp]`.
     q: Vec<f32>,
     dout: Vec<f32>,
     dq: Vec<f32>,
     lse: Vec<f32>,
     delta: Vec<f32>,
-    /// P and dP then dS: `[BR, BC]`; their transposes `[BC, BR]`.
+    /// P and dP then dS: `[BR, BC]` (read transposed in place for `Pᵀ·dO` and `dSᵀ·Q`).
     p: Vec<f32>,
     ds: Vec<f32>,
-    pt: Vec<f32>,
-    dst: Vec<f32>,
     row: Vec<f32>,
+    row2: Vec<f32>,
+    /// [`L`] rows being transposed: `[L, d]`.
+    block: Vec<f32>,
     /// The least first key of each query block.
     block_start: Vec<usize>,
 }
@@ -665,9 +807,9 @@ impl BackwardScratch {
             delta: vec![0.0; tp],
             p: vec![0.0; BR * BC],
             ds: vec![0.0; BR * BC],
-            pt: vec![0.0; BC * BR],
-            dst: vec![0.0; BC * BR],
             row: vec![0.0; dp],
+            row2: vec![0.0; dp],
+            block: vec![0.0; L * dp],
             block_start: vec![0; tp / BR],
         }
     }
@@ -691,7 +833,8 @@ struct Grads {
 }
 
 /// Backward of kv head `g` in batch `b` and the query heads that read it (FlashAttention-2
-/// Algorithm 2): writes their rows of dq, dk, dv.
+/// Algorithm 2): writes their rows of dq, dk, dv. Q, K, dO and O are read in place where
+/// their layout allows; Kᵀ (scaled by `1/√d`, as in the forward) and Vᵀ are staged.
 #[inline(always)]
 fn backward_task<K: Kernel>(
     x: &Inputs<'_>,
@@ -702,61 +845,58 @@ fn backward_task<K: Kernel>(
 ) {
     let Dims { len, n_head, d, dp, tp, scale, .. } = x.dims;
     let rep = x.dims.rep();
-    for t in 0..len {
-        x.k.read(b, t, g, &mut s.k[t * dp..t * dp + d]);
-        x.v.read(b, t, g, &mut s.row[..d]);
-        for dd in 0..d {
-            s.kt[dd * tp + t] = s.k[t * dp + dd];
-            s.vt[dd * tp + t] = s.row[dd];
-        }
-    }
+    let in_place = x.dims.b_in_place();
+    x.k.stage_transposed((b, g), (len, d), scale, &mut s.block, (&mut s.kt, tp));
+    x.v.stage_transposed((b, g), (len, d), 1.0, &mut s.block, (&mut s.vt, tp));
+    let (k, ldk) = x.k.head((b, g), (len, d, dp), in_place, &mut s.k);
     s.dk[..len * dp].fill(0.0);
     s.dv[..len * dp].fill(0.0);
     for (n, lo) in s.block_start.iter_mut().enumerate() {
         *lo = (n * BR..len.min((n + 1) * BR)).map(|i| x.start(b, i)).min().unwrap_or(usize::MAX);
     }
     for h in g * rep..(g + 1) * rep {
+        let (q, ldq) = x.q.head((b, h), (len, d, dp), in_place, &mut s.q);
+        let (dout, ldo) = saved.dout.head((b, h), (len, d, dp), in_place, &mut s.dout);
         for i in 0..len {
-            let q = &mut s.q[i * dp..i * dp + d];
-            x.q.read(b, i, h, q);
-            for v in q.iter_mut() {
-                *v *= scale;
-            }
-            let dout = &mut s.dout[i * dp..i * dp + d];
-            saved.dout.read(b, i, h, dout);
-            saved.out.read(b, i, h, &mut s.row[..d]);
+            let dout_i = saved.dout.row((b, i, h), d, &mut s.row);
+            let out_i = saved.out.row((b, i, h), d, &mut s.row2);
             // In the order and with the rounding of the dP product, so dP_ii − D_i is exactly 0
             // where O_i = v_i (a token that sees only itself), as in exact arithmetic.
-            s.delta[i] = dout.iter().zip(&s.row[..d]).fold(0.0, |acc, (&a, &o)| K::madd(a, o, acc));
+            s.delta[i] = dout_i.iter().zip(out_i).fold(0.0, |acc, (&a, &o)| K::madd(a, o, acc));
             s.lse[i] = saved.lse[(b * n_head + h) * len + i];
         }
         s.dq[..len * dp].fill(0.0);
         for j0 in (0..len).step_by(BC) {
             let last_key = (j0 + BC).min(len) - 1;
+            let kn = x.dims.keys(j0);
             for i0 in (j0 / BR * BR..len).step_by(BR) {
                 if s.block_start[i0 / BR] > last_key {
                     continue;
                 }
                 let rows = BR.min(len - i0);
                 // P = exp(Q·Kᵀ/√d − lse) on the visible keys, 0 elsewhere.
-                gemm::<K, false>((rows, BC, dp), (&s.q[i0 * dp..], dp), (&s.kt[j0..], tp), (&mut s.p, BC));
+                gemm::<K, false>(
+                    (rows, BC, d),
+                    Strided::rows(&q[i0 * ldq..], ldq),
+                    (&s.kt[j0..], tp),
+                    (&mut s.p, BC),
+                );
                 for r in 0..rows {
                     let i = i0 + r;
                     let (cs, ce) = visible(i, x.start(b, i), j0);
                     exp_row(&mut s.p[r * BC..(r + 1) * BC], cs, ce, s.lse[i]);
                 }
-                // dV += Pᵀ·dO
-                transpose(&s.p, rows, &mut s.pt);
+                // dV += Pᵀ·dO (the keys inside the sequence).
                 gemm::<K, true>(
-                    (BC, dp, rows),
-                    (&s.pt, BR),
-                    (&s.dout[i0 * dp..], dp),
+                    (kn, dp, rows),
+                    Strided::transposed(&s.p, BC),
+                    (&dout[i0 * ldo..], ldo),
                     (&mut s.dv[j0 * dp..], dp),
                 );
                 // dS = P ∘ (dO·Vᵀ − D)
                 gemm::<K, false>(
-                    (rows, BC, dp),
-                    (&s.dout[i0 * dp..], dp),
+                    (rows, BC, d),
+                    Strided::rows(&dout[i0 * ldo..], ldo),
                     (&s.vt[j0..], tp),
                     (&mut s.ds, BC),
                 );
@@ -767,18 +907,17 @@ fn backward_task<K: Kernel>(
                         *ds = p * (*ds - delta);
                     }
                 }
-                // dK += dSᵀ·(Q/√d), dQ += dS·K (scaled by 1/√d when written).
-                transpose(&s.ds, rows, &mut s.dst);
+                // dK += dSᵀ·Q, dQ += dS·K (both scaled by 1/√d when written).
                 gemm::<K, true>(
-                    (BC, dp, rows),
-                    (&s.dst, BR),
-                    (&s.q[i0 * dp..], dp),
+                    (kn, dp, rows),
+                    Strided::transposed(&s.ds, BC),
+                    (&q[i0 * ldq..], ldq),
                     (&mut s.dk[j0 * dp..], dp),
                 );
                 gemm::<K, true>(
-                    (rows, dp, BC),
-                    (&s.ds, BC),
-                    (&s.k[j0 * dp..], dp),
+                    (rows, dp, kn),
+                    Strided::rows(&s.ds, BC),
+                    (&k[j0 * ldk..], ldk),
                     (&mut s.dq[i0 * dp..], dp),
                 );
             }
@@ -791,18 +930,8 @@ fn backward_task<K: Kernel>(
     for j in 0..len {
         // SAFETY: kv head g of batch b is this task's.
         unsafe {
-            grads.dk.write(b, j, g, &s.dk[j * dp..j * dp + d], 1.0);
+            grads.dk.write(b, j, g, &s.dk[j * dp..j * dp + d], scale);
             grads.dv.write(b, j, g, &s.dv[j * dp..j * dp + d], 1.0);
-        }
-    }
-}
-
-/// `src` `[rows, BC]` → `dst` `[BC, BR]` (the first `rows` columns).
-#[inline(always)]
-fn transpose(src: &[f32], rows: usize, dst: &mut [f32]) {
-    for (r, row) in src[..rows * BC].chunks_exact(BC).enumerate() {
-        for (c, &v) in row.iter().enumerate() {
-            dst[c * BR + r] = v;
         }
     }
 }
@@ -946,11 +1075,11 @@ mod entry {
 /// `(out [B, T, H, D], lse [B, H, T])` contiguous.
 fn forward(x: Inputs<'_>) -> (Vec<f32>, Vec<f32>) {
     let Dims { batch, len, n_head, d, .. } = x.dims;
-    let mut out = vec![0f32; batch * len * n_head * d];
-    let mut lse = vec![0f32; batch * n_head * len];
-    let out_w = Writer::new(&mut out, 0, [len * n_head * d, n_head * d, d, 1]);
+    let mut out = Output::new(batch * len * n_head * d);
+    let mut lse = Output::new(batch * n_head * len);
+    let out_w = out.writer(0, [len * n_head * d, n_head * d, d, 1]);
     // lse as a [B, H, T, 1] buffer: "row" (b, h, t) of one value.
-    let lse_w = Writer::new(&mut lse, 0, [n_head * len, len, 1, 1]);
+    let lse_w = lse.writer(0, [n_head * len, len, 1, 1]);
     let isa = Isa::detect();
     (0..batch * n_head).into_par_iter().for_each_init(
         || ForwardScratch::new(&x.dims),
@@ -966,7 +1095,8 @@ fn forward(x: Inputs<'_>) -> (Vec<f32>, Vec<f32>) {
             }
         },
     );
-    (out, lse)
+    // SAFETY: the tasks cover every (b, h), and each writes all its rows of out and lse.
+    unsafe { (out.into_vec(), lse.into_vec()) }
 }
 
 /// Runs the backward tasks, writing into `grads`' buffers.
@@ -1064,15 +1194,18 @@ impl FusedAttention for Flex {
             dout: View::of(&dout),
             lse: lse.as_slice::<f32>().expect("contiguous"),
         };
-        let mut dq = vec![0f32; batch * len * n_head * d];
-        let mut dk = vec![0f32; batch * len * n_kv * d];
-        let mut dv = vec![0f32; batch * len * n_kv * d];
+        let mut dq = Output::new(batch * len * n_head * d);
+        let mut dk = Output::new(batch * len * n_kv * d);
+        let mut dv = Output::new(batch * len * n_kv * d);
         let grads = Grads {
-            dq: Writer::new(&mut dq, 0, [len * n_head * d, n_head * d, d, 1]),
-            dk: Writer::new(&mut dk, 0, [len * n_kv * d, n_kv * d, d, 1]),
-            dv: Writer::new(&mut dv, 0, [len * n_kv * d, n_kv * d, d, 1]),
+            dq: dq.writer(0, [len * n_head * d, n_head * d, d, 1]),
+            dk: dk.writer(0, [len * n_kv * d, n_kv * d, d, 1]),
+            dv: dv.writer(0, [len * n_kv * d, n_kv * d, d, 1]),
         };
         backward(x, saved, grads);
+        // SAFETY: the tasks cover every (b, kv head) and write all rows of dk, dv and of the
+        // query heads' dq.
+        let (dq, dk, dv) = unsafe { (dq.into_vec(), dk.into_vec(), dv.into_vec()) };
         (
             from_vec(dq, [batch, len, n_head, d]),
             from_vec(dk, [batch, len, n_kv, d]),
@@ -1132,11 +1265,12 @@ impl FusedAttention for Flex {
         };
         let [batch, len, c3] = shape;
         let c = c3 / 3;
-        let mut dqkv = vec![0f32; batch * len * c3];
+        let mut dqkv = Output::new(batch * len * c3);
         let strides = [len * c3, c3, dims.d, 1];
-        let dq = Writer::new(&mut dqkv, 0, strides);
+        let dq = dqkv.writer(0, strides);
         let grads = Grads { dq, dk: dq.at(c, strides), dv: dq.at(2 * c, strides) };
         backward(Inputs { q, k, v, starts: starts.as_deref(), dims }, saved, grads);
-        from_vec(dqkv, shape)
+        // SAFETY: dq, dk and dv rows of every (b, t, head) cover the whole [B, T, 3·H·D].
+        from_vec(unsafe { dqkv.into_vec() }, shape)
     }
 }

@@ -212,7 +212,14 @@ fn strided_inputs_equal_the_reference() {
 
 #[test]
 fn fused_qkv_equals_the_reference_on_its_chunks() {
-    let (batch, len, n_head, d) = (3, 75, 5, 24);
+    // d_head 24: heads staged into padded scratch; 32: read in place from the projection.
+    for d in [24, 32] {
+        qkv_case(d);
+    }
+}
+
+fn qkv_case(d: usize) {
+    let (batch, len, n_head) = (3, 75, 5);
     let c = n_head * d;
     let segments: Vec<u32> = (0..batch * len).map(|n| ((n % len) / 20) as u32).collect();
     for positions in [None, Some(positions_of(&segments, len))] {

@@ -9,6 +9,7 @@
 //! and straight runs, and replicas, bit for bit).
 
 use std::borrow::Cow;
+use std::mem::MaybeUninit;
 
 use burn::backend::Flex;
 use burn::tensor::ops::FloatTensor;
@@ -131,7 +132,13 @@ fn rms_norm_grad_sum(dy: &[f32], x: &[f32], gamma: &[f32]) -> f32 {
 /// (Chan, Golub & LeVeque 1983, "corrected two-pass"): with `m₀ = Σx/C`, `d = Σ(x − m₀)/C`,
 /// `var = Σ(x − m₀)²/C − d²`, and `y` uses `(x − m₀) − d`, all accurate when `|mean| ≫ std`.
 #[inline(always)]
-fn layer_norm_row(x: &[f32], gamma: &[f32], beta: Option<&[f32]>, eps: f32, y: &mut [f32]) -> (f32, f32) {
+fn layer_norm_row(
+    x: &[f32],
+    gamma: &[f32],
+    beta: Option<&[f32]>,
+    eps: f32,
+    y: &mut [MaybeUninit<f32>],
+) -> (f32, f32) {
     let c = x.len() as f32;
     let m0 = sum(x) / c;
     let (s1, s2) = centered_sums(x, m0);
@@ -143,12 +150,12 @@ fn layer_norm_row(x: &[f32], gamma: &[f32], beta: Option<&[f32]>, eps: f32, y: &
         Some(beta) => {
             let beta = &beta[..n];
             for i in 0..n {
-                y[i] = ((x[i] - m0) - d) * rstd * gamma[i] + beta[i];
+                y[i].write(((x[i] - m0) - d) * rstd * gamma[i] + beta[i]);
             }
         }
         None => {
             for i in 0..n {
-                y[i] = ((x[i] - m0) - d) * rstd * gamma[i];
+                y[i].write(((x[i] - m0) - d) * rstd * gamma[i]);
             }
         }
     }
@@ -166,7 +173,7 @@ fn layer_norm_backward_row(
     gamma: &[f32],
     mean: f32,
     rstd: f32,
-    dx: &mut [f32],
+    dx: &mut [MaybeUninit<f32>],
     dgamma: &mut [f32],
     dbeta: &mut [f32],
 ) {
@@ -180,7 +187,7 @@ fn layer_norm_backward_row(
         (&dy[..n], &gamma[..n], &mut dx[..n], &mut dgamma[..n], &mut dbeta[..n]);
     for i in 0..n {
         let xhat = ((x[i] - mean) - r) * rstd;
-        dx[i] = rstd * (dy[i] * gamma[i] - mean_dyhat - xhat * mean_dyhat_xhat);
+        dx[i].write(rstd * (dy[i] * gamma[i] - mean_dyhat - xhat * mean_dyhat_xhat));
         dgamma[i] += dy[i] * xhat;
         dbeta[i] += dy[i];
     }
@@ -188,12 +195,12 @@ fn layer_norm_backward_row(
 
 /// One RMSNorm row: writes `y = x·rstd·γ`, returns `rstd`.
 #[inline(always)]
-fn rms_norm_row(x: &[f32], gamma: &[f32], eps: f32, y: &mut [f32]) -> f32 {
+fn rms_norm_row(x: &[f32], gamma: &[f32], eps: f32, y: &mut [MaybeUninit<f32>]) -> f32 {
     let n = x.len();
     let rstd = 1.0 / (sum_sq(x) / n as f32 + eps).sqrt();
     let (gamma, y) = (&gamma[..n], &mut y[..n]);
     for i in 0..n {
-        y[i] = x[i] * rstd * gamma[i];
+        y[i].write(x[i] * rstd * gamma[i]);
     }
     rstd
 }
@@ -205,7 +212,7 @@ fn rms_norm_backward_row(
     x: &[f32],
     gamma: &[f32],
     rstd: f32,
-    dx: &mut [f32],
+    dx: &mut [MaybeUninit<f32>],
     dgamma: &mut [f32],
 ) {
     let n = x.len();
@@ -213,7 +220,7 @@ fn rms_norm_backward_row(
     let (dy, gamma, dx, dgamma) = (&dy[..n], &gamma[..n], &mut dx[..n], &mut dgamma[..n]);
     for i in 0..n {
         let xhat = x[i] * rstd;
-        dx[i] = rstd * (dy[i] * gamma[i] - xhat * mean_dyhat_xhat);
+        dx[i].write(rstd * (dy[i] * gamma[i] - xhat * mean_dyhat_xhat));
         dgamma[i] += dy[i] * xhat;
     }
 }
@@ -277,9 +284,10 @@ impl FusedNorm for Flex {
             check_param("beta", bs, c);
         }
         let (gs, bs, eps) = (&gs[..], bs.as_deref(), eps as f32);
-        let (mut y, mut mean, mut rstd) = (vec![0f32; xs.len()], vec![0f32; rows], vec![0f32; rows]);
+        let (mut y, mut mean, mut rstd) = (Vec::with_capacity(xs.len()), vec![0f32; rows], vec![0f32; rows]);
         let task = rows_per_task(rows, c, TASK_ELEMS);
-        y.par_chunks_mut(task * c)
+        y.spare_capacity_mut()[..xs.len()]
+            .par_chunks_mut(task * c)
             .zip(xs.par_chunks(task * c))
             .zip(mean.par_chunks_mut(task).zip(rstd.par_chunks_mut(task)))
             .for_each(|((y, x), (mean, rstd))| {
@@ -292,6 +300,8 @@ impl FusedNorm for Flex {
                     },
                 )
             });
+        // SAFETY: the row loop above wrote every element of every row.
+        unsafe { y.set_len(xs.len()) };
         (from_vec(y, x.shape()), from_vec(mean, stats.clone()), from_vec(rstd, stats))
     }
 
@@ -316,9 +326,10 @@ impl FusedNorm for Flex {
         assert_eq!((dys.len(), ms.len(), rs.len()), (xs.len(), rows, rows), "layer_norm backward: shapes");
         let gs = &gs[..];
         let chunk = (CHUNK_ELEMS / c).max(1); // rows per chunk: depends on C only
-        let mut dx = vec![0f32; xs.len()];
+        let mut dx = Vec::with_capacity(xs.len());
         let mut partials = vec![0f32; rows.div_ceil(chunk) * 2 * c]; // per chunk: dγ [C], dβ [C]
-        dx.par_chunks_mut(chunk * c)
+        dx.spare_capacity_mut()[..xs.len()]
+            .par_chunks_mut(chunk * c)
             .zip(dys.par_chunks(chunk * c).zip(xs.par_chunks(chunk * c)))
             .zip(ms.par_chunks(chunk).zip(rs.par_chunks(chunk)))
             .zip(partials.par_chunks_mut(2 * c))
@@ -334,6 +345,8 @@ impl FusedNorm for Flex {
                     },
                 )
             });
+        // SAFETY: the row loop above wrote every element of every row.
+        unsafe { dx.set_len(xs.len()) };
         let sums = sum_chunks(&partials, 2 * c);
         let (dgamma, dbeta) = (sums[..c].to_vec(), sums[c..].to_vec());
         (from_vec(dx, x.shape()), from_vec(dgamma, [c]), from_vec(dbeta, [c]))
@@ -351,9 +364,10 @@ impl FusedNorm for Flex {
         };
         check_param("gamma", &gs, c);
         let (gs, eps) = (&gs[..], eps as f32);
-        let (mut y, mut rstd) = (vec![0f32; xs.len()], vec![0f32; rows]);
+        let (mut y, mut rstd) = (Vec::with_capacity(xs.len()), vec![0f32; rows]);
         let task = rows_per_task(rows, c, TASK_ELEMS);
-        y.par_chunks_mut(task * c).zip(xs.par_chunks(task * c)).zip(rstd.par_chunks_mut(task)).for_each(
+        let out = &mut y.spare_capacity_mut()[..xs.len()];
+        out.par_chunks_mut(task * c).zip(xs.par_chunks(task * c)).zip(rstd.par_chunks_mut(task)).for_each(
             |((y, x), rstd)| {
                 vectorized(
                     #[inline(always)]
@@ -365,6 +379,8 @@ impl FusedNorm for Flex {
                 )
             },
         );
+        // SAFETY: the row loop above wrote every element of every row.
+        unsafe { y.set_len(xs.len()) };
         (from_vec(y, x.shape()), from_vec(rstd, stats))
     }
 
@@ -387,9 +403,10 @@ impl FusedNorm for Flex {
         assert_eq!((dys.len(), rs.len()), (xs.len(), rows), "rms_norm backward: shapes");
         let gs = &gs[..];
         let chunk = (CHUNK_ELEMS / c).max(1);
-        let mut dx = vec![0f32; xs.len()];
+        let mut dx = Vec::with_capacity(xs.len());
         let mut partials = vec![0f32; rows.div_ceil(chunk) * c]; // per chunk: dγ [C]
-        dx.par_chunks_mut(chunk * c)
+        dx.spare_capacity_mut()[..xs.len()]
+            .par_chunks_mut(chunk * c)
             .zip(dys.par_chunks(chunk * c).zip(xs.par_chunks(chunk * c)))
             .zip(rs.par_chunks(chunk))
             .zip(partials.par_chunks_mut(c))
@@ -404,6 +421,8 @@ impl FusedNorm for Flex {
                     },
                 )
             });
+        // SAFETY: the row loop above wrote every element of every row.
+        unsafe { dx.set_len(xs.len()) };
         (from_vec(dx, x.shape()), from_vec(sum_chunks(&partials, c), [c]))
     }
 }
