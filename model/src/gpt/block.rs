@@ -50,8 +50,8 @@ impl<B: Backend> Block<B> {
         cache: Option<LayerCache<'_, B>>,
         packing: Option<&Packing<B>>,
     ) -> Tensor<B, 3> {
-        let ln = |ln: &LayerNorm<B>, x: Tensor<B, 3>| layer_norm_module(ln, x, self.ln_eps); // fused (ops::norm)
-                                                                                             // Residual adds: in parallel, in place over the branch output (ops::residual).
+        // LayerNorm and the residual adds are fused ops (ops::norm, ops::residual).
+        let ln = |ln: &LayerNorm<B>, x: Tensor<B, 3>| layer_norm_module(ln, x, self.ln_eps);
         let x = residual_add(x.clone(), self.attn.forward(ln(&self.ln_1, x), cache, packing));
         residual_add(x.clone(), self.mlp.forward(ln(&self.ln_2, x)))
     }
