@@ -6,7 +6,7 @@ use burn::tensor::{DType, TensorMetadata};
 use rayon::prelude::*;
 
 use super::{composed, FusedActivation};
-use crate::ops::flex::{contiguous_f32, from_vec};
+use crate::ops::flex::{contiguous_f32, from_vec, map2, map2_over};
 use crate::ops::simd::{exp, normal_cdf, tanh, vectorized};
 use crate::GeluKind;
 
@@ -14,68 +14,24 @@ const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 const INV_SQRT_2PI: f32 = 0.398_942_3;
 const CHUNK: usize = 16 * 1024;
 
-/// `out[i] = f(a[i], b[i])` over equal-length slices, in parallel chunks, into a new buffer
-/// that is written once (never zeroed first). Pass `f` marked `#[inline(always)]`: otherwise
-/// it stays a call per element, compiled without the wide instructions (GELU's backward was
-/// a quarter of a training step that way).
-fn map2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
-    let n = a.len();
-    assert_eq!(n, b.len(), "map2: operand lengths");
-    let mut out = Vec::with_capacity(n);
-    out.spare_capacity_mut()[..n]
-        .par_chunks_mut(CHUNK)
-        .zip(a.par_chunks(CHUNK))
-        .zip(b.par_chunks(CHUNK))
-        .for_each(|((o, a), b)| {
-            vectorized(
-                #[inline(always)]
-                || {
-                    for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
-                        o.write(f(a, b));
-                    }
-                },
-            )
-        });
-    // SAFETY: the chunks above cover all n elements, each written once.
-    unsafe { out.set_len(n) };
-    out
-}
-
-/// `b[i] = f(a[i], b[i])` in place, in parallel chunks (as [`map2`]).
-fn map2_in_place(a: &[f32], b: &mut [f32], f: impl Fn(f32, f32) -> f32 + Sync) {
-    assert_eq!(a.len(), b.len(), "map2: operand lengths");
-    b.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK)).for_each(|(b, a)| {
-        vectorized(
-            #[inline(always)]
-            || {
-                for (b, &a) in b.iter_mut().zip(a) {
-                    *b = f(a, *b);
-                }
-            },
-        )
-    });
-}
-
-/// `grad` with `grad[i] = f(x[i], grad[i])`: in place when `grad` is a contiguous f32 buffer
-/// nothing else holds (the usual incoming gradient), else in a new buffer; `Err(grad)`
-/// untouched when `x` or `grad` is not f32.
+/// `grad` with `grad[i] = f(x[i], grad[i])`: written over `grad` when nothing else holds it
+/// (the usual incoming gradient), else in a new buffer; `Err(grad)` untouched when `x` or
+/// `grad` is not f32.
 fn map_grad(
     x: &FloatTensor<Flex>,
-    mut grad: FloatTensor<Flex>,
-    f: impl Fn(f32, f32) -> f32 + Sync,
+    grad: FloatTensor<Flex>,
+    f: impl Fn(f32, f32) -> f32 + Sync + Copy,
 ) -> Result<FloatTensor<Flex>, FloatTensor<Flex>> {
     let Some(xs) = contiguous_f32(x) else { return Err(grad) };
     if grad.dtype() != DType::F32 || grad.shape() != x.shape() {
         return Err(grad);
     }
-    if let Some((start, end)) = grad.layout().contiguous_offsets() {
-        if let Some(buf) = grad.try_storage_mut::<f32>() {
-            map2_in_place(&xs, &mut buf[start..end], f);
-            return Ok(grad);
-        }
-    }
-    let gs = contiguous_f32(&grad).expect("f32");
-    Ok(from_vec(map2(&xs, &gs, f), grad.shape()))
+    // `f` by value (a closure without captures is `Copy`): behind a reference it would not be
+    // inlined into the vectorized loop.
+    map2_over(&xs, grad, f).or_else(|grad| {
+        let gs = contiguous_f32(&grad).expect("f32");
+        Ok(from_vec(map2(&xs, &gs, f), grad.shape()))
+    })
 }
 
 #[inline(always)]

@@ -783,7 +783,6 @@ struct BackwardScratch {
     p: Vec<f32>,
     ds: Vec<f32>,
     row: Vec<f32>,
-    row2: Vec<f32>,
     /// [`L`] rows being transposed: `[L, d]`.
     block: Vec<f32>,
     /// The least first key of each query block.
@@ -808,7 +807,6 @@ impl BackwardScratch {
             p: vec![0.0; BR * BC],
             ds: vec![0.0; BR * BC],
             row: vec![0.0; dp],
-            row2: vec![0.0; dp],
             block: vec![0.0; L * dp],
             block_start: vec![0; tp / BR],
         }
@@ -858,8 +856,9 @@ fn backward_task<K: Kernel>(
         let (q, ldq) = x.q.head((b, h), (len, d, dp), in_place, &mut s.q);
         let (dout, ldo) = saved.dout.head((b, h), (len, d, dp), in_place, &mut s.dout);
         for i in 0..len {
-            let dout_i = saved.dout.row((b, i, h), d, &mut s.row);
-            let out_i = saved.out.row((b, i, h), d, &mut s.row2);
+            // dO's row from the head matrix above (in place or already copied), O's as it lies.
+            let dout_i = &dout[i * ldo..i * ldo + d];
+            let out_i = saved.out.row((b, i, h), d, &mut s.row);
             // In the order and with the rounding of the dP product, so dP_ii − D_i is exactly 0
             // where O_i = v_i (a token that sees only itself), as in exact arithmetic.
             s.delta[i] = dout_i.iter().zip(out_i).fold(0.0, |acc, (&a, &o)| K::madd(a, o, acc));

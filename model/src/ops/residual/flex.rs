@@ -5,39 +5,20 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::Flex;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn::tensor::{DType, TensorMetadata};
-use rayon::prelude::*;
 
 use super::FusedAdd;
-use crate::ops::flex::{contiguous_f32, from_vec};
-use crate::ops::simd::vectorized;
-
-/// Elements per rayon task.
-const CHUNK: usize = 32 * 1024;
-
-/// `acc[i] += other[i]`, in parallel chunks.
-fn add_in_place(acc: &mut [f32], other: &[f32]) {
-    acc.par_chunks_mut(CHUNK).zip(other.par_chunks(CHUNK)).for_each(|(acc, other)| {
-        vectorized(
-            #[inline(always)]
-            || {
-                for (a, &o) in acc.iter_mut().zip(other) {
-                    *a += o;
-                }
-            },
-        )
-    });
-}
+use crate::ops::flex::{contiguous_f32, from_vec, map2, map2_over};
 
 /// `target + other` written over `target` when it is a contiguous f32 buffer nothing else
 /// holds; `Err(target)` otherwise.
-fn add_into(mut target: FlexTensor, other: &FlexTensor) -> Result<FlexTensor, FlexTensor> {
-    let Some((start, end)) = target.layout().contiguous_offsets() else { return Err(target) };
-    let Some(other) = contiguous_f32(other) else { return Err(target) };
-    match target.try_storage_mut::<f32>() {
-        Some(buf) => {
-            add_in_place(&mut buf[start..end], &other);
-            Ok(target)
-        }
+fn add_into(target: FlexTensor, other: &FlexTensor) -> Result<FlexTensor, FlexTensor> {
+    match contiguous_f32(other) {
+        Some(other) => map2_over(
+            &other,
+            target,
+            #[inline(always)]
+            |o, t| t + o,
+        ),
         None => Err(target),
     }
 }
@@ -59,23 +40,12 @@ impl FusedAdd for Flex {
         let (Some(xs), Some(ys)) = (contiguous_f32(&a), contiguous_f32(&b)) else {
             return Self::float_add(a, b);
         };
-        let n = xs.len();
-        let mut out = Vec::with_capacity(n);
-        out.spare_capacity_mut()[..n]
-            .par_chunks_mut(CHUNK)
-            .zip(xs.par_chunks(CHUNK).zip(ys.par_chunks(CHUNK)))
-            .for_each(|(o, (x, y))| {
-                vectorized(
-                    #[inline(always)]
-                    || {
-                        for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
-                            o.write(x + y);
-                        }
-                    },
-                )
-            });
-        // SAFETY: the chunks cover all n elements, each written once.
-        unsafe { out.set_len(n) };
+        let out = map2(
+            &xs,
+            &ys,
+            #[inline(always)]
+            |x, y| x + y,
+        );
         from_vec(out, a.shape())
     }
 }
