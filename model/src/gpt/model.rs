@@ -12,6 +12,7 @@ use crate::decoder::{new_positions, through_blocks, Decoder};
 use crate::error::ConfigError;
 use crate::init;
 use crate::ops::norm::layer_norm_module;
+use crate::ops::residual_add;
 use crate::packing::Packing;
 
 /// A GPT-2-style decoder-only Transformer (Radford et al. 2019; nanoGPT `model.py`).
@@ -67,7 +68,7 @@ impl<B: Backend> Decoder<B> for Gpt<B> {
         packing: Option<&Packing<B>>,
     ) -> Tensor<B, 3> {
         let positions = new_positions(&tokens, &cache, packing, self.block_size);
-        let x = self.wte.forward(tokens) + self.wpe.forward(positions); // [B, T, C] + [1 or B, T, C]
+        let x = residual_add(self.wte.forward(tokens), self.wpe.forward(positions)); // [B, T, C] + [1 or B, T, C]
         let x = self.drop.forward(x);
         let x = through_blocks(x, self.h.len(), cache, |i, x, cache| self.h[i].forward(x, cache, packing));
         layer_norm_module(&self.ln_f, x, self.ln_eps)

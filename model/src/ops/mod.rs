@@ -9,6 +9,7 @@ pub mod activation;
 pub mod attention;
 pub mod dispatch;
 pub mod flex;
+mod grads;
 pub mod linear;
 pub mod loss;
 pub mod norm;

@@ -6,7 +6,8 @@
 //!
 //! - [`train_step`](mod@train_step): the step, [`StepTarget`] (what it updates), [`global_gradients`];
 //! - [`loss`]: Σ NLL over the scored targets (the mean is taken over the *global* batch);
-//! - [`optim`]: AdamW in two decay groups, global-norm clipping; [`adamw`]: the fused update;
+//! - [`optim`]: AdamW in two decay groups; [`adamw`]: the fused update; [`clip`]: scaling and
+//!   global-norm clipping of the gradients (parallel over tensors on burn-flex);
 //! - [`schedule`]: warmup + cosine, advanced once per optimizer step;
 //! - [`sentinel`]: the stability sentinel (non-finite steps skipped, loss spikes);
 //! - [`sync`]: the gradient exchange as the step sees it ([`GradSync`], [`Solo`]);
@@ -17,6 +18,7 @@
 
 pub mod adamw;
 pub mod batch;
+pub mod clip;
 pub mod eval;
 pub mod loss;
 pub mod optim;

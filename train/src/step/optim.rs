@@ -1,5 +1,5 @@
-//! AdamW with two parameter groups (decay on 2-D weights, none on biases and norms), and
-//! global-norm gradient clipping — the two pieces Burn 0.21 does not provide. The update itself
+//! AdamW with two parameter groups (decay on 2-D weights, none on biases and norms) — with
+//! global-norm clipping ([`super::clip`]), the pieces Burn 0.21 does not provide. The update itself
 //! is [`FusedAdamW`](super::adamw::FusedAdamW): one in-place pass per parameter tensor.
 
 use std::fmt;
@@ -9,9 +9,10 @@ use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{GradientsParams, MultiGradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{DType, Tensor};
+use burn::tensor::Tensor;
 
 use super::adamw::FusedAdamW;
+pub use super::clip::{clip_grad_norm, scale_grads};
 use crate::config::OptimizerConfig;
 
 /// Ember's fused AdamW for one module, in Burn's adaptor (which walks the module and keeps the
@@ -170,79 +171,6 @@ struct ParamRanks<F>(F);
 impl<B: AutodiffBackend, F: FnMut(ParamId, usize, usize)> ModuleVisitor<B> for ParamRanks<F> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         (self.0)(param.id, D, param.lazy_shape().num_elements());
-    }
-}
-
-/// Clips the gradient by its *global* L2 norm over all parameters jointly (Pascanu et al.
-/// 2013, Algorithm 1; PyTorch `clip_grad_norm_`): with `n = ‖g‖₂` over every tensor,
-/// every gradient is scaled by `min(1, max_norm / (n + 1e-6))`. `max_norm ≤ 0` only measures.
-///
-/// Returns the pre-clip norm `n` as a `[1]` tensor (no host sync). Burn's own
-/// `GradientClipping::Norm` clips each tensor by its own norm, which is a different update.
-pub fn clip_grad_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
-    module: &M,
-    grads: &mut GradientsParams,
-    max_norm: f64,
-) -> Tensor<B::InnerBackend, 1> {
-    let mut sum_sq = SumOfSquares::<B> { grads, total: None };
-    module.visit(&mut sum_sq);
-    let norm = match sum_sq.total {
-        Some(total) => total.sqrt(),
-        None => Tensor::zeros([1], &Default::default()),
-    };
-    if max_norm > 0.0 {
-        let coef = (norm.clone().add_scalar(1e-6).recip() * max_norm).clamp_max(1.0);
-        module.visit(&mut Scale::<B> { grads, coef });
-    }
-    norm
-}
-
-struct SumOfSquares<'a, B: AutodiffBackend> {
-    grads: &'a GradientsParams,
-    total: Option<Tensor<B::InnerBackend, 1>>,
-}
-
-impl<B: AutodiffBackend> ModuleVisitor<B> for SumOfSquares<'_, B> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if let Some(grad) = self.grads.get::<B::InnerBackend, D>(param.id) {
-            let sq = grad.cast(DType::F32).square().sum();
-            self.total = Some(match self.total.take() {
-                Some(total) => total + sq,
-                None => sq,
-            });
-        }
-    }
-}
-
-/// Multiplies every gradient by `factor` (e.g. `1 / scored tokens`).
-pub fn scale_grads<B: AutodiffBackend, M: AutodiffModule<B>>(
-    module: &M,
-    grads: &mut GradientsParams,
-    factor: f64,
-) {
-    struct MulScalar<'a>(&'a mut GradientsParams, f64);
-    impl<B: AutodiffBackend> ModuleVisitor<B> for MulScalar<'_> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            if let Some(grad) = self.0.remove::<B::InnerBackend, D>(param.id) {
-                self.0.register(param.id, grad.mul_scalar(self.1));
-            }
-        }
-    }
-    module.visit(&mut MulScalar(grads, factor));
-}
-
-struct Scale<'a, B: AutodiffBackend> {
-    grads: &'a mut GradientsParams,
-    coef: Tensor<B::InnerBackend, 1>,
-}
-
-impl<B: AutodiffBackend> ModuleVisitor<B> for Scale<'_, B> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) {
-            let dtype = grad.dtype();
-            let coef = self.coef.clone().to_device(&grad.device()).cast(dtype).reshape([1; D]);
-            self.grads.register(param.id, grad * coef);
-        }
     }
 }
 

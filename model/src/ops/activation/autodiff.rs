@@ -9,6 +9,7 @@ use burn::backend::Autodiff;
 use burn::tensor::ops::FloatTensor;
 
 use super::FusedActivation;
+use crate::ops::grads::register_grad;
 use crate::GeluKind;
 
 #[derive(Debug)]
@@ -37,10 +38,10 @@ impl<B: FusedActivation> Backward<B, 2> for SwigluBackward {
         let (dgate, dup) = B::fused_swiglu_backward(gate, up, grad);
         let [gate_node, up_node] = ops.parents;
         if let Some(node) = gate_node {
-            grads.register::<B>(node.id, dgate);
+            register_grad!(grads, B, node, dgate);
         }
         if let Some(node) = up_node {
-            grads.register::<B>(node.id, dup);
+            register_grad!(grads, B, node, dup);
         }
     }
 }

@@ -10,6 +10,7 @@ use burn::backend::Autodiff;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
 use super::FusedAttention;
+use crate::ops::grads::register_grad;
 
 #[derive(Debug)]
 struct AttentionBackward;
@@ -34,7 +35,7 @@ impl<B: FusedAttention> Backward<B, 3> for AttentionBackward {
         let (dq, dk, dv) = B::fused_attention_backward(q, k, v, out, lse, dout, positions);
         for (node, grad) in ops.parents.into_iter().zip([dq, dk, dv]) {
             if let Some(node) = node {
-                grads.register::<B>(node.id, grad);
+                register_grad!(grads, B, node, grad);
             }
         }
     }
@@ -61,7 +62,7 @@ impl<B: FusedAttention> Backward<B, 1> for AttentionQkvBackward {
         let dout = grads.consume::<B>(&ops.node);
         if let [Some(node)] = ops.parents {
             let dqkv = B::fused_attention_qkv_backward(qkv, n_head, out, lse, dout, positions);
-            grads.register::<B>(node.id, dqkv);
+            register_grad!(grads, B, node, dqkv);
         }
     }
 }

@@ -8,6 +8,7 @@ use burn::backend::Autodiff;
 use burn::tensor::ops::FloatTensor;
 
 use super::FusedMatmul;
+use crate::ops::grads::register_grad;
 
 #[derive(Debug)]
 struct MatmulBackward;
@@ -21,10 +22,10 @@ impl<B: FusedMatmul> Backward<B, 2> for MatmulBackward {
         let dy = grads.consume::<B>(&ops.node);
         let [x_node, w_node] = ops.parents;
         if let Some(node) = w_node {
-            grads.register::<B>(node.id, B::fused_matmul_dw(x, dy.clone(), &w));
+            register_grad!(grads, B, node, B::fused_matmul_dw(x, dy.clone(), &w));
         }
         if let Some(node) = x_node {
-            grads.register::<B>(node.id, B::fused_matmul_dx(dy, w));
+            register_grad!(grads, B, node, B::fused_matmul_dx(dy, w));
         }
     }
 }

@@ -12,7 +12,7 @@ use super::FusedMatmul;
 const PARALLEL: usize = 192 * 192 * 192;
 
 /// A 2-D f32 operand: base pointer (at its offset), row and column strides, shape.
-struct Operand<'a> {
+pub(super) struct Operand<'a> {
     data: &'a [f32],
     offset: usize,
     rs: isize,
@@ -23,7 +23,7 @@ struct Operand<'a> {
 
 impl<'a> Operand<'a> {
     /// `None` unless `t` is a 2-D f32 tensor with non-negative strides.
-    fn of(t: &'a FlexTensor) -> Option<Self> {
+    pub(super) fn of(t: &'a FlexTensor) -> Option<Self> {
         let layout = t.layout();
         if t.dtype() != DType::F32 || layout.num_dims() != 2 || !layout.has_positive_strides() {
             return None;
@@ -99,6 +99,37 @@ fn product(a: &Operand, b: &Operand, col_major: bool) -> FlexTensor {
     FlexTensor::new(Bytes::from_elems(out), layout, DType::F32)
 }
 
+/// `wᵀ` of a row-major `w` (`cs == 1`) as a new row-major `[w.cols, w.rows]` buffer, copied in
+/// parallel, 16 output rows per task.
+///
+/// For `dy·wᵀ` gemm would read `wᵀ` with strided columns, and it packs such an operand into its
+/// panel layout on the calling thread before the parallel part starts (`gemm-common` 0.19,
+/// `do_prepack_lhs`): ~1 ms of one busy core per weight. With `wᵀ` row-major it takes the same
+/// path as the forward `x·w`, whose packing is parallel. The products' values are unchanged:
+/// packing copies, and the sums run over k in the same order.
+pub(super) fn transposed(w: &Operand) -> Vec<f32> {
+    use rayon::prelude::*;
+    const TILE: usize = 16;
+    let (rows, cols) = (w.rows, w.cols);
+    let src = &w.data[w.offset..];
+    let rs = w.rs as usize;
+    let mut out: Vec<f32> = Vec::with_capacity(rows * cols);
+    out.spare_capacity_mut().par_chunks_mut(TILE * rows).enumerate().for_each(|(tile, dst)| {
+        let j0 = tile * TILE;
+        let width = dst.len() / rows;
+        for i in 0..rows {
+            let row = &src[i * rs + j0..i * rs + j0 + width];
+            for (jj, &value) in row.iter().enumerate() {
+                dst[jj * rows + i].write(value);
+            }
+        }
+    });
+    // SAFETY: the tasks cover every element once: tile t writes rows 16t..16t+width of the
+    // output, each at every column i < rows.
+    unsafe { out.set_len(rows * cols) };
+    out
+}
+
 /// True when `t`'s columns are contiguous (a transposed view, e.g. an embedding tied as the
 /// LM head): its gradient is written the same way.
 fn column_major(t: &FlexTensor) -> bool {
@@ -116,6 +147,14 @@ impl FusedMatmul for Flex {
 
     fn fused_matmul_dx(dy: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
         match (Operand::of(&dy), Operand::of(&w)) {
+            (Some(a), Some(b)) if b.cs == 1 && a.rows * b.rows * b.cols >= PARALLEL => {
+                let wt = transposed(&b);
+                product(
+                    &a,
+                    &Operand { data: &wt, offset: 0, rs: b.rows as isize, cs: 1, rows: b.cols, cols: b.rows },
+                    false,
+                )
+            }
             (Some(a), Some(b)) => product(&a, &b.t(), false),
             _ => Self::float_matmul(dy, Self::float_swap_dims(w, 0, 1)),
         }

@@ -56,3 +56,19 @@ fn hand_computed() {
     let w = Tensor::<Ad, 2>::zeros([0, 3], &device);
     assert_eq!(matmul(x, w).into_data().to_vec::<f32>().unwrap(), vec![0.0; 6]);
 }
+
+/// `dy·wᵀ` reads a row-major copy of `wᵀ` (built in parallel, 16 rows per task): it equals
+/// Burn's transpose exactly, for widths that leave a partial last task and for a strided view.
+#[test]
+fn transposed_copy_is_the_transpose() {
+    use super::flex::{transposed, Operand};
+    for (rows, cols) in [(203, 197), (16, 16), (1, 33), (40, 1)] {
+        let w = randn([rows, cols], 1.0, 20).inner();
+        let got = transposed(&Operand::of(&w.clone().into_primitive().tensor()).unwrap());
+        assert_eq!(got, w.transpose().into_data().to_vec::<f32>().unwrap(), "[{rows}, {cols}]");
+    }
+    // Columns 3..20 of a [30, 50] matrix: row stride 50, offset 3.
+    let w = randn([30, 50], 1.0, 21).inner().slice([0..30, 3..20]);
+    let got = transposed(&Operand::of(&w.clone().into_primitive().tensor()).unwrap());
+    assert_eq!(got, w.transpose().into_data().to_vec::<f32>().unwrap());
+}

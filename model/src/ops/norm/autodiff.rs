@@ -10,6 +10,7 @@ use burn::backend::Autodiff;
 use burn::tensor::ops::FloatTensor;
 
 use super::FusedNorm;
+use crate::ops::grads::register_grad;
 
 /// LayerNorm with a bias: parents `[x, γ, β]`.
 #[derive(Debug)]
@@ -28,7 +29,7 @@ macro_rules! register {
     ($grads:expr, $parents:expr, $values:expr) => {
         for (parent, value) in $parents.into_iter().zip($values) {
             if let Some(node) = parent {
-                $grads.register::<B>(node.id, value);
+                register_grad!($grads, B, node, value);
             }
         }
     };

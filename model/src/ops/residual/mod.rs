@@ -18,7 +18,8 @@ use super::dispatch::{same, with_fused_backend};
 /// branch's fresh output, usually), and `Autodiff<B>` records one node whose backward hands
 /// the incoming gradient to both operands (∂(a + b)/∂a = ∂(a + b)/∂b = 1).
 pub trait FusedAdd: Backend {
-    /// `a + b`, same shape (implementations may fall back to Burn's broadcasting add).
+    /// `a + b`, the same shape or `b` broadcast over `a`'s first dimension (`[1, …]` to
+    /// `[n, …]`); implementations may fall back to Burn's broadcasting add.
     fn fused_add(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
         Self::float_add(a, b)
     }
@@ -29,17 +30,26 @@ pub trait FusedAdd: Backend {
 impl FusedAdd for burn::backend::Cuda {}
 
 /// `x + y` for the residual stream `x` and a block's branch output `y` (the same shape,
-/// e.g. `[batch, seq_len, d_model]`); other shapes get Burn's broadcasting add. The values are
-/// those of Burn's add exactly (one f32 addition per element).
+/// e.g. `[batch, seq_len, d_model]`), or for token embeddings `x` `[batch, seq_len, d_model]`
+/// and position embeddings `y` `[1, seq_len, d_model]` shared by the batch; other shapes get
+/// Burn's broadcasting add. The values and gradients are those of Burn's add exactly (one f32
+/// addition per element; a broadcast operand's gradient is Burn's sum over the batch).
 pub fn residual_add<B: Backend, const D: usize>(x: Tensor<B, D>, y: Tensor<B, D>) -> Tensor<B, D> {
-    if x.dims() != y.dims() {
+    let (dx, dy) = (x.dims(), y.dims());
+    let batch_broadcast = D > 1 && dy[0] == 1 && dx[1..] == dy[1..];
+    if dx != dy && !batch_broadcast {
         return x + y;
     }
-    let (a, b) = (x.into_primitive().tensor(), y.into_primitive().tensor());
-    let out = with_fused_backend!(B, FB => {
+    let out = add_primitive::<B>(x.into_primitive().tensor(), y.into_primitive().tensor());
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+/// `a + b` on backend primitives of one shape: [`FusedAdd::fused_add`] where `B` has it, else
+/// Burn's add.
+pub(crate) fn add_primitive<B: Backend>(a: FloatTensor<B>, b: FloatTensor<B>) -> FloatTensor<B> {
+    with_fused_backend!(B, FB => {
         same::<FloatTensor<FB>, FloatTensor<B>>(FB::fused_add(same(a), same(b)))
     } else {
         B::float_add(a, b)
-    });
-    Tensor::from_primitive(TensorPrimitive::Float(out))
+    })
 }
