@@ -24,7 +24,6 @@ mod watch;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use burn::backend::{Autodiff, Flex};
 use clap::{Parser, Subcommand};
 use ember_train::tools::sample::SampleOptions;
 use ember_train::tools::trained::Source;
@@ -120,9 +119,14 @@ enum Command {
     },
     /// Check numerical parity with a PyTorch fixture (init weights, batch, expected numbers).
     Verify {
-        /// Directory with init.safetensors, batch.json and expected.json.
+        /// Directory with init.safetensors, batch.json and expected.json (and optionally
+        /// init_grads.safetensors: PyTorch's gradient of every parameter, compared tensor by
+        /// tensor).
         #[arg(long, value_name = "DIR")]
         fixture: PathBuf,
+        /// The backend to run on: flex (CPU) or cuda (a build with `--features ember/cuda`).
+        #[arg(long, value_parser = parse_backend, default_value = "flex")]
+        backend: BackendKind,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -231,8 +235,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let _ = server.join();
             Ok(())
         }
-        Command::Verify { fixture, json } => {
-            let report = ember_train::tools::verify::verify::<Autodiff<Flex>>(&fixture, &Default::default())?;
+        Command::Verify { fixture, backend, json } => {
+            let report = ember_train::tools::verify::verify_on(backend, &fixture)?;
             if json {
                 out!("{}", serde_json::to_string_pretty(&report)?);
             } else {

@@ -236,6 +236,29 @@ pub fn save<B: Backend>(model: &LanguageModel<B>, path: &Path) -> Result<(), HfE
     .map_err(store_err(path))
 }
 
+/// Every float tensor of `model`, named as in Hugging Face files (`transformer.h.0.attn.c_attn.weight`)
+/// but kept in Burn's layout (Linear weights `[in, out]`), in the model's order. Two models of
+/// one config give the same names in the same order, so their tensors can be compared by name
+/// (`ember verify` compares gradients this way).
+///
+/// Errors: [`HfError::Store`] (naming `model`) if a tensor's data cannot be read back.
+pub fn named_tensors<B: Backend>(model: &LanguageModel<B>) -> Result<Vec<(String, TensorData)>, HfError> {
+    let snapshots = match model {
+        LanguageModel::Gpt2(m) => m.collect(None, None, true),
+        LanguageModel::Llama(m) => m.collect(None, None, true),
+    };
+    snapshots
+        .into_iter()
+        .map(|s| {
+            let data = s.to_data().map_err(|e| HfError::Store {
+                path: PathBuf::from("model"),
+                message: format!("{}: {e:?}", s.full_path()),
+            })?;
+            Ok((hf_name(model, &s.full_path()), data))
+        })
+        .collect()
+}
+
 /// The vocabulary size of Hugging Face weights: the rows of their token embedding
 /// (`[transformer.]wte.weight` for GPT-2, `model.embed_tokens.weight` for Llama). Lets a caller
 /// build a model that fits a file (the published GPT-2 has 50257 rows; Ember's `gpt2` preset

@@ -4,6 +4,7 @@
 //! number.
 
 mod fixture;
+pub mod grads;
 
 use std::path::{Path, PathBuf};
 
@@ -12,9 +13,11 @@ use ember_data::Batch;
 use ember_model::{GeluKind, LanguageModel, ModelConfig};
 use serde::Serialize;
 
+use crate::config::BackendKind;
 use crate::error::TrainError;
 use crate::step::optim::{clip_grad_norm, AdamWGroups};
 use crate::step::{forward_backward, scalar, train_step, Solo, StepSettings};
+use crate::tools::backend::{run_on, BackendTask};
 use fixture::Fixture;
 
 /// Relative tolerance of the initial loss and gradient norms.
@@ -77,6 +80,9 @@ pub struct Report {
     pub checks: Vec<Check>,
     /// Every check within tolerance.
     pub ok: bool,
+    /// The parameter whose gradient differs most from the fixture's (relative to its largest
+    /// value), with that difference; `None` when the fixture has no per-tensor gradients.
+    pub worst_gradient: Option<(String, f64)>,
 }
 
 impl std::fmt::Display for Report {
@@ -103,6 +109,9 @@ impl std::fmt::Display for Report {
                 if c.ok { "ok" } else { "FAIL" }
             )?;
         }
+        if let Some((name, diff)) = &self.worst_gradient {
+            writeln!(f, "largest gradient difference: {name} ({diff:.2e} of its largest |value|)")?;
+        }
         let failed = self.checks.iter().filter(|c| !c.ok).count();
         if failed == 0 {
             write!(f, "overall: ok ({} checks)", self.checks.len())
@@ -110,6 +119,28 @@ impl std::fmt::Display for Report {
             write!(f, "overall: FAIL ({failed} of {} checks beyond tolerance)", self.checks.len())
         }
     }
+}
+
+/// [`verify`] on the backend `kind` (`flex`, or `cuda` in a build with the `cuda` feature;
+/// its first device).
+///
+/// Errors: as [`verify`]; a backend this build or machine cannot run.
+pub fn verify_on(kind: BackendKind, dir: &Path) -> Result<Report, TrainError> {
+    struct Task<'a>(&'a Path);
+    impl BackendTask for Task<'_> {
+        type Output = Report;
+        fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Result<Report, TrainError> {
+            verify::<B>(self.0, &devices[0])
+        }
+    }
+    run_on(kind, &[0], Task(dir))
+}
+
+/// The model config of the fixture in `dir` (from its `expected.json`).
+///
+/// Errors: unreadable or incomplete fixture files (naming the file and field).
+pub fn fixture_model(dir: &Path) -> Result<ModelConfig, TrainError> {
+    Fixture::read(dir)?.model()
 }
 
 /// Verifies the fixture in `dir` on backend `B`.
@@ -154,6 +185,17 @@ pub fn verify<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Repo
     ));
     if let Ok(n) = fixture.num("expected.json", "/n_scored") {
         checks.push(Check::exact("scored tokens", scored, n as usize));
+    }
+    // Every parameter's gradient, tensor by tensor, when the fixture carries them.
+    let grads_file = dir.join(grads::FILE);
+    let mut worst_gradient = None;
+    if grads_file.is_file() {
+        let per_tensor = grads::checks(&model, &grads, &grads_file)?;
+        worst_gradient = per_tensor
+            .iter()
+            .max_by(|a, b| a.diff.total_cmp(&b.diff))
+            .map(|c| (c.name.trim_start_matches("grad ").to_string(), c.diff));
+        checks.extend(per_tensor);
     }
 
     // Weight-decay groups: the fixture lists them by name; Ember decays every 2-D tensor.
@@ -212,7 +254,7 @@ pub fn verify<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Repo
         }
     }
     let ok = checks.iter().all(|c| c.ok);
-    Ok(Report { fixture: dir.into(), model: describe(&config), checks, ok })
+    Ok(Report { fixture: dir.into(), model: describe(&config), checks, ok, worst_gradient })
 }
 
 fn describe(config: &ModelConfig) -> String {
