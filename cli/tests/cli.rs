@@ -31,6 +31,38 @@ fn six_steps_equal_three_steps_then_resume_in_a_new_process() {
     assert_eq!(straight, split, "bit-identical losses after resuming");
 }
 
+/// fp16-mixed (half-precision matmuls, dynamic loss scaling): the loss scaler's state is in
+/// the checkpoint, so a resumed run's losses and loss scales equal the straight run's bit for
+/// bit; each record carries the scale.
+#[test]
+fn fp16_mixed_resumes_exactly_with_its_loss_scale() {
+    let dir = workdir();
+    let w = dir.path();
+    let fp16 = ["--set", "precision=\"fp16-mixed\""];
+    let run = |args: &[&str]| ok(&[args, &fp16[..]].concat(), w);
+    let out = run(&["train", "--config", "tiny.toml", "--run-dir", "straight"]);
+    assert!(out.contains("precision: fp16-mixed") && out.contains("| loss scale 65536"), "{out}");
+    run(&["train", "--config", "tiny.toml", "--run-dir", "split", "--set", "max_steps=3"]);
+    let state = std::fs::read_to_string(w.join("split/checkpoints/step-00000003/state.json")).unwrap();
+    assert!(state.contains("\"loss_scaler\"") && state.contains("\"good_steps\": 3"), "{state}");
+    run(&["train", "--resume", "split", "--set", "max_steps=6"]);
+    let scales = |run_dir: &str| -> Vec<(u64, f64, f64)> {
+        std::fs::read_to_string(w.join(run_dir).join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+            .filter(|v| v["kind"] == "train")
+            .map(|v| {
+                (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap(), v["loss_scale"].as_f64().unwrap())
+            })
+            .collect()
+    };
+    let straight = scales("straight");
+    assert_eq!(straight.len(), 6);
+    assert!(straight.iter().all(|r| r.2 == 65536.0));
+    assert_eq!(straight, scales("split"));
+}
+
 #[test]
 fn train_prints_the_batch_the_census_and_one_line_per_step() {
     let dir = workdir();

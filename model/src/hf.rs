@@ -179,7 +179,8 @@ fn store_err(path: &Path) -> impl Fn(burn_store::SafetensorsStoreError) -> HfErr
 /// mis-shaped tensor by its Hugging Face name.
 pub fn load<B: Backend>(mut model: LanguageModel<B>, path: &Path) -> Result<LanguageModel<B>, HfError> {
     if !path.is_file() {
-        return Err(HfError::Store { path: path.into(), message: "no such file".into() });
+        let message = if path.exists() { "not a regular file" } else { "no such file" };
+        return Err(HfError::Store { path: path.into(), message: message.into() });
     }
     let mut store = to_burn_names(&model)
         .iter()

@@ -30,6 +30,7 @@ pub mod llama;
 pub mod lm;
 pub mod ops;
 pub mod packing;
+pub mod precision;
 
 pub use attention::{attention_reference, causal_attention, KvCache};
 pub use decoder::Decoder;
@@ -41,6 +42,7 @@ pub use llama::config::{LlamaConfig, LLAMA_PRESETS};
 pub use llama::model::Llama;
 pub use lm::{LanguageModel, ModelConfig};
 pub use packing::Packing;
+pub use precision::{autocast, Precision};
 
 #[cfg(test)]
 mod tests;

@@ -44,7 +44,7 @@ fn shared_gpt2_tiny_fixture_matches_pytorch() {
     // 28 parameter tensors (2 layers × 12, ln_f × 2, wte, wpe), each within 1e-5 of its
     // largest gradient entry.
     let report = check(&Path::new(&shared).join("parity/gpt2-tiny"), 28);
-    assert!(report.worst_gradient.unwrap().1 < 1e-5);
+    assert!(report.worst_gradient.unwrap().diff < 1e-5);
 }
 
 /// A gradient file with one tensor off by 1e-3 of its largest value: exactly that tensor's
@@ -66,22 +66,93 @@ fn a_gradient_mismatch_names_its_tensor() {
     let grads = hf::load(model, &source.join("init_grads.safetensors")).unwrap();
     let target = 5; // the 6th parameter tensor in the model's order
     let name = hf::named_tensors(&grads).unwrap()[target].0.clone();
-    let nudged = grads.map(&mut Nudge { index: 0, target });
+    let nudged = grads.clone().map(&mut Nudge { index: 0, target, factor: 1e-3 });
     hf::save(&nudged, &dir.path().join("init_grads.safetensors")).unwrap();
 
     let report = verify::<Autodiff<Flex>>(dir.path(), &Default::default()).unwrap();
     let failed: Vec<&str> = report.checks.iter().filter(|c| !c.ok).map(|c| c.name.as_str()).collect();
     assert_eq!(failed, vec![format!("grad {name}")], "{report}");
-    let (worst, diff) = report.worst_gradient.clone().unwrap();
-    assert_eq!(worst, name);
-    assert!((diff - 1e-3).abs() < 1e-5, "{report}");
+    let worst = report.worst_gradient.clone().unwrap();
+    assert_eq!(worst.tensor, name);
+    assert!((worst.diff - 1e-3).abs() < 1e-5, "{report}");
     assert!(report.to_string().contains(&format!("largest gradient difference: {name}")));
+
+    // NaN in one tensor of the file: that check fails (NaN is never within tolerance) and
+    // that tensor is named, although `max` would skip NaN.
+    let poisoned = grads.map(&mut Nudge { index: 0, target, factor: f32::NAN });
+    hf::save(&poisoned, &dir.path().join("init_grads.safetensors")).unwrap();
+    let report = verify::<Autodiff<Flex>>(dir.path(), &Default::default()).unwrap();
+    let failed: Vec<&str> = report.checks.iter().filter(|c| !c.ok).map(|c| c.name.as_str()).collect();
+    assert_eq!(failed, vec![format!("grad {name}")], "{report}");
+    assert_eq!(report.worst_gradient.unwrap().tensor, name);
+
+    // A path of that name that is not a file is an error, not a skipped check.
+    std::fs::remove_file(dir.path().join("init_grads.safetensors")).unwrap();
+    std::fs::create_dir(dir.path().join("init_grads.safetensors")).unwrap();
+    let err = verify::<Autodiff<Flex>>(dir.path(), &Default::default()).unwrap_err().to_string();
+    assert!(err.contains("init_grads.safetensors") && err.contains("not a regular file"), "{err}");
 }
 
-/// Adds 1e-3 × its largest |value| to every element of the `target`-th float parameter.
+/// A `batch.json` whose ids, targets or row lengths do not fit the model is an error naming the
+/// field and what was expected (it panicked in the model before).
+#[test]
+fn a_bad_batch_is_an_error_naming_its_field() {
+    let Some(shared) = std::env::var_os("EMBER_SHARED") else {
+        eprintln!("skipping: EMBER_SHARED is not set");
+        return;
+    };
+    let source = Path::new(&shared).join("parity/gpt2-tiny");
+    let batch: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(source.join("batch.json")).unwrap()).unwrap();
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(&str, Edit, &str); 4] = [
+        (
+            "input id 999",
+            |b| b["input_ids"][0][0] = 999.into(),
+            "input_ids must be token ids in 0..64 (vocab_size), not 999",
+        ),
+        (
+            "target 64",
+            |b| b["targets"][1][2] = 64.into(),
+            "targets must be token ids in 0..64 (vocab_size) or -100",
+        ),
+        (
+            "ragged row",
+            |b| {
+                b["targets"][1].as_array_mut().unwrap().pop();
+            },
+            "targets must be 4 rows of 16 tokens",
+        ),
+        (
+            "too long",
+            |b| {
+                for key in ["input_ids", "targets"] {
+                    for row in b[key].as_array_mut().unwrap() {
+                        row.as_array_mut().unwrap().extend([1.into(), 2.into()]);
+                    }
+                }
+            },
+            "input_ids must be rows of 1 to 16 tokens",
+        ),
+    ];
+    for (what, edit, expected) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        for file in ["init.safetensors", "expected.json"] {
+            std::fs::copy(source.join(file), dir.path().join(file)).unwrap();
+        }
+        let mut bad = batch.clone();
+        edit(&mut bad);
+        std::fs::write(dir.path().join("batch.json"), bad.to_string()).unwrap();
+        let err = verify::<Autodiff<Flex>>(dir.path(), &Default::default()).unwrap_err().to_string();
+        assert!(err.contains("batch.json") && err.contains(expected), "{what}: {err}");
+    }
+}
+
+/// Adds `factor` × its largest |value| to every element of the `target`-th float parameter.
 struct Nudge {
     index: usize,
     target: usize,
+    factor: f32,
 }
 
 impl ModuleMapper<Flex> for Nudge {
@@ -91,7 +162,7 @@ impl ModuleMapper<Flex> for Nudge {
         self.index += 1;
         let tensor = if hit {
             let largest = tensor.clone().abs().max().into_scalar();
-            tensor.add_scalar(largest * 1e-3)
+            tensor.add_scalar(largest * self.factor)
         } else {
             tensor
         };

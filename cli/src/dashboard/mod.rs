@@ -231,6 +231,8 @@ mod tests {
             param_hash: Some("76ad5c07ece646ee".into()),
             skipped_steps: 0,
             spikes: 0,
+            loss_scale: None,
+            overflow_steps: 0,
             tokens: step * 1536,
             elapsed_s: step as f64 * 0.18,
         }
@@ -288,6 +290,18 @@ mod tests {
         }
         // ETA: 240 steps at 8615/1536 = 5.61 steps/s = 42.8 s.
         assert!(text.contains("ETA 42.8s"), "{text}");
+    }
+
+    /// fp16-mixed records carry the loss scale; other precisions show no such row.
+    #[test]
+    fn the_loss_scale_is_shown_for_fp16_mixed_only() {
+        let mut d = board();
+        assert!(!screen(&d).contains("loss scale"));
+        let mut r = record(70);
+        (r.loss_scale, r.overflow_steps) = (Some(16384.0), 2);
+        d.push(Record::Train(r));
+        let text = screen(&d);
+        assert!(text.contains("loss scale  16384 (2 overflow steps skipped)"), "{text}");
     }
 
     #[test]

@@ -23,7 +23,7 @@ mod vocab;
 
 pub use error::ConfigError;
 pub use parallel::{Devices, HostPort, ParallelConfig, Strategy};
-pub use schema::{BackendKind, OptimizerConfig, Origin, RunConfig, VocabSource};
+pub use schema::{BackendKind, OptimizerConfig, Origin, PrecisionKind, RunConfig, VocabSource};
 pub use sentinel::{OnNonFinite, SentinelConfig, SpikeAction};
 
 #[cfg(test)]

@@ -21,6 +21,37 @@ pub enum BackendKind {
     Cuda,
 }
 
+/// Floating-point mode of the training step (`precision`): what the forward and backward
+/// passes compute in. Weights, gradients, AdamW's moments and checkpoints are f32 in every mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum PrecisionKind {
+    /// Everything in f32 (default).
+    #[default]
+    #[serde(rename = "fp32")]
+    Fp32,
+    /// The matmuls (linear layers, LM head) in bfloat16 through casts of the f32 weights, as
+    /// `torch.autocast(dtype=torch.bfloat16)` does; norms, softmax, the loss and the gradient
+    /// norm in f32 ([`ember_model::precision`]).
+    #[serde(rename = "bf16-mixed")]
+    Bf16Mixed,
+    /// The matmuls in IEEE half precision, f32 elsewhere, with dynamic loss scaling
+    /// ([`crate::step::LossScaler`]): initial scale 2¹⁶, halved and the step skipped when the
+    /// gradient overflows, doubled after 2000 finite steps in a row.
+    #[serde(rename = "fp16-mixed")]
+    Fp16Mixed,
+}
+
+impl PrecisionKind {
+    /// The model's autocast mode.
+    pub fn mode(self) -> ember_model::Precision {
+        match self {
+            PrecisionKind::Fp32 => ember_model::Precision::Fp32,
+            PrecisionKind::Bf16Mixed => ember_model::Precision::Bf16Mixed,
+            PrecisionKind::Fp16Mixed => ember_model::Precision::Fp16Mixed,
+        }
+    }
+}
+
 /// Optimizer and learning-rate schedule (`[optimizer]` table). Defaults are nanoGPT's.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -112,6 +143,9 @@ pub struct RunConfig {
     /// Backend: `"flex"` (CPU) or `"cuda"`.
     #[serde(default)]
     pub backend: BackendKind,
+    /// Floating-point mode: `"fp32"` (default), `"bf16-mixed"` or `"fp16-mixed"`.
+    #[serde(default, skip_serializing_if = "is_fp32")]
+    pub precision: PrecisionKind,
     /// Peak FLOP/s of one device for MFU (default: the table of known GPUs; none on the CPU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_flops: Option<f64>,
@@ -149,6 +183,10 @@ pub struct RunConfig {
     /// file.
     #[serde(skip)]
     pub origin: Origin,
+}
+
+fn is_fp32(p: &PrecisionKind) -> bool {
+    *p == PrecisionKind::Fp32
 }
 
 mod defaults {

@@ -97,6 +97,12 @@ pub struct TrainRecord {
     /// Loss spikes the sentinel detected so far in the run.
     #[serde(default)]
     pub spikes: u64,
+    /// fp16-mixed: the loss scale the next step will use; `null` in other precisions.
+    #[serde(default)]
+    pub loss_scale: Option<f64>,
+    /// fp16-mixed: steps skipped so far because their scaled gradient overflowed.
+    #[serde(default)]
+    pub overflow_steps: u64,
     /// Tokens consumed by the run so far.
     pub tokens: u64,
     /// Wall-clock seconds since the run started (summed across resumes).
@@ -177,6 +183,9 @@ impl fmt::Display for TrainRecord {
                 in_use as f64 / 1e6,
                 reserved as f64 / 1e6
             )?;
+        }
+        if let Some(scale) = self.loss_scale {
+            write!(f, " | loss scale {scale} ({} overflow steps skipped)", self.overflow_steps)?;
         }
         if self.skipped_steps > 0 || self.spikes > 0 {
             write!(f, " | sentinel: {} skipped, {} spikes", self.skipped_steps, self.spikes)?;

@@ -18,6 +18,8 @@ fn train(step: u64) -> Record {
         param_hash: None,
         skipped_steps: 0,
         spikes: 0,
+        loss_scale: None,
+        overflow_steps: 0,
         allreduce_calls: 0,
         forward_backward_s: 0.0,
         forward_s: 0.0,

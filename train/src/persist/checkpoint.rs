@@ -23,7 +23,7 @@ use super::durable::{remedy, sync_dir, write_synced};
 use super::manifest::{FileEntry, Manifest, MANIFEST};
 use crate::error::TrainError;
 use crate::step::optim::AdamWGroups;
-use crate::step::SentinelState;
+use crate::step::{LossScaler, SentinelState};
 
 pub use super::recover::{
     newest, newest_before, newest_verified, newest_verified_before, remove_leftovers, Skipped, LATEST,
@@ -60,6 +60,10 @@ pub struct TrainState {
     /// resumed run judges steps as the uninterrupted one would.
     #[serde(default)]
     pub sentinel: SentinelState,
+    /// The loss scaler of an fp16-mixed run (scale, finite steps since it changed, overflow
+    /// count), so a resumed run scales as the uninterrupted one would; `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scaler: Option<LossScaler>,
 }
 
 fn one() -> usize {

@@ -9,7 +9,7 @@ use crate::config::RunConfig;
 use crate::observe::accounting::{estimate_run, Precision};
 use crate::observe::device::rss_bytes;
 use crate::observe::metrics::TrainRecord;
-use crate::step::{GradSync, SentinelState, StepOutput};
+use crate::step::{GradSync, LossScaler, SentinelState, StepOutput};
 
 /// Measurements between two log lines.
 #[derive(Default)]
@@ -45,6 +45,8 @@ pub(super) struct Logged<'a, B: AutodiffBackend> {
     pub elapsed_s: f64,
     /// The sentinel's counters so far.
     pub sentinel: &'a SentinelState,
+    /// fp16-mixed: the loss scaler after this step.
+    pub scaler: Option<&'a LossScaler>,
 }
 
 /// Sums a replica's step times, data waits and exchange times between log lines, and the
@@ -159,6 +161,8 @@ impl Meter {
             device_reserved_bytes: out.device_memory.map(|m| m.reserved_bytes),
             skipped_steps: logged.sentinel.skipped_steps,
             spikes: logged.sentinel.spikes,
+            loss_scale: logged.scaler.map(|s| s.scale),
+            overflow_steps: logged.scaler.map_or(0, |s| s.overflow_steps),
             tokens: logged.tokens,
             elapsed_s: logged.elapsed_s,
         }

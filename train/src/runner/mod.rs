@@ -175,6 +175,15 @@ fn describe<B: AutodiffBackend>(
 ) {
     let census = AdamWGroups::<LanguageModel<B>, B>::new(&config.optimizer, model).census;
     log(&format!("model: {} with {} parameters; {census}", config.model.arch(), model.num_params()));
+    match config.precision {
+        crate::config::PrecisionKind::Fp32 => {}
+        crate::config::PrecisionKind::Bf16Mixed => {
+            log("precision: bf16-mixed (matmuls in bfloat16 from f32 weights; norms, softmax, loss, gradients and AdamW in f32)")
+        }
+        crate::config::PrecisionKind::Fp16Mixed => log(
+            "precision: fp16-mixed (matmuls in half precision from f32 weights, f32 elsewhere; dynamic loss scaling from 2^16)",
+        ),
+    }
     log(&format!(
         "data: {} ({} train / {} val tokens, vocabulary {})",
         data.dir.display(),

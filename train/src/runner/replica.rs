@@ -12,7 +12,7 @@ use ember_model::LanguageModel;
 use super::controls::Controls;
 use super::feed::Feed;
 use super::meter::{Logged, Meter};
-use crate::config::RunConfig;
+use crate::config::{PrecisionKind, RunConfig};
 use crate::error::TrainError;
 use crate::observe::events::{value_text, Action, EventRecord};
 use crate::observe::metrics::{EvalRecord, MetricsLog, Record};
@@ -133,6 +133,9 @@ fn train_loop<B: AutodiffBackend>(
     let mut unstable = None;
     // Every rank judges the same global loss and gradient norm: the same verdicts everywhere.
     let mut sentinel = Sentinel::new(config.sentinel.clone(), plan.start.sentinel.clone());
+    // fp16-mixed: the loss scaler, continued from the checkpoint.
+    let mut scaler = (config.precision == PrecisionKind::Fp16Mixed)
+        .then(|| plan.start.loss_scaler.clone().unwrap_or_default());
     for step in plan.start.step + 1..=config.max_steps {
         plan.controls.wait_while_paused();
         let started = Instant::now();
@@ -148,6 +151,8 @@ fn train_loop<B: AutodiffBackend>(
             stop: plan.controls.stop_requested(),
             param_hash: check.then(|| param_hash(&model) ^ settings_hash),
             timed: logging,
+            precision: config.precision.mode(),
+            loss_scale: scaler.as_ref().map_or(1.0, |s| s.scale),
         };
         // 2–6. Forward, loss, backward, gradient sync, clip and AdamW.
         let (next, out) = train_step(
@@ -167,6 +172,10 @@ fn train_loop<B: AutodiffBackend>(
         state.sampler = data.state;
         state.tokens += meter.processed;
         state.sentinel = sentinel.state.clone();
+        if let Some(scaler) = scaler.as_mut() {
+            scaler.update(!out.overflow);
+        }
+        state.loss_scaler = scaler.clone();
         let judgement = out.judgement.as_ref().expect("the run loop's steps are judged");
         let stop_reason = sentinel.stop_reason(judgement);
         let last = step == config.max_steps || out.stop || stop_reason.is_some();
@@ -259,6 +268,12 @@ impl Leader<'_> {
             (self.log)(&format!("{record} | replay: {replay}"));
             self.metrics.write(&Record::Event(record))?;
         }
+        if let (true, Some(scaler)) = (done.out.overflow, state.loss_scaler.as_ref()) {
+            (self.log)(&format!(
+                "step {step:6} | gradient overflow in fp16: step skipped, loss scale halved to {}",
+                scaler.scale
+            ));
+        }
         let skipped = judgement.is_some_and(|j| j.skipped);
         // A skipped step's record is its event; the next logged step has the interval's rates.
         if (step % config.log_every == 0 || done.last) && !skipped {
@@ -277,6 +292,7 @@ impl Leader<'_> {
                 tokens: state.tokens,
                 elapsed_s: plan.elapsed(state),
                 sentinel: &state.sentinel,
+                scaler: state.loss_scaler.as_ref(),
             };
             let record = meter.record(logged, replica.sync.all_reduce_calls());
             (self.log)(&record.to_string());
@@ -308,7 +324,9 @@ impl Leader<'_> {
         state: &TrainState,
     ) -> Result<f64, TrainError> {
         let c = plan.config;
-        let loss = evaluate(&model.valid(), &self.val, c.seed, c.eval_batches, c.micro_batch_size, device)?;
+        let loss = ember_model::autocast(c.precision.mode(), || {
+            evaluate(&model.valid(), &self.val, c.seed, c.eval_batches, c.micro_batch_size, device)
+        })?;
         let record = EvalRecord::new(step, loss, plan.elapsed(state));
         (self.log)(&record.to_string());
         self.metrics.write(&Record::Eval(record))?;

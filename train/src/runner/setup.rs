@@ -99,6 +99,7 @@ pub(super) fn start<B: AutodiffBackend>(
         data_tokens,
         world_size,
         sentinel: Default::default(),
+        loss_scaler: None,
     };
     let mut resume_dir = None;
     if let (Some(path), false) = (&config.init_from, resume) {

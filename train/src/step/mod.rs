@@ -22,6 +22,9 @@ pub mod clip;
 pub mod eval;
 pub mod loss;
 pub mod optim;
+#[cfg(test)]
+mod precision_tests;
+pub mod scaler;
 pub mod schedule;
 pub mod sentinel;
 pub mod sync;
@@ -30,6 +33,7 @@ pub mod train_step;
 use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Tensor};
 
+pub use scaler::LossScaler;
 pub use sentinel::{Anomaly, Judgement, Sentinel, SentinelState};
 pub use sync::{Contribution, Exchanged, GradSync, Solo};
 pub use train_step::{

@@ -7,7 +7,7 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::Tensor;
 use ember_data::Batch;
-use ember_model::{LanguageModel, Packing};
+use ember_model::{autocast, LanguageModel, Packing, Precision};
 
 use super::batch::to_tensors;
 use super::loss::nll_sum;
@@ -50,6 +50,9 @@ pub struct StepOutput<B: Backend> {
     /// The sentinel's verdict, when the step had one (with the loss and gradient norm read
     /// back to the host).
     pub judgement: Option<Judgement>,
+    /// The step's scaled gradient was not finite and the step was skipped
+    /// ([`StepSettings::loss_scale`] ≠ 1 only).
+    pub overflow: bool,
 }
 
 /// Per-step inputs besides the data.
@@ -68,13 +71,31 @@ pub struct StepSettings {
     /// Wait for the device at the end of each phase, so their times are exact (costs a
     /// host sync: logging steps only).
     pub timed: bool,
+    /// The forward passes' floating-point mode (the matmuls' dtype; weights, gradients and the
+    /// optimizer stay f32): `[run] precision`.
+    pub precision: Precision,
+    /// The loss scale ([`super::LossScaler`], fp16-mixed; 1 otherwise): the backward pass runs
+    /// on the mean loss per input position of the global batch times this (Σ NLL × scale ÷
+    /// positions, the same factor on every rank: the scale means what it means for PyTorch's
+    /// mean loss), and the gradients are divided by it again before clipping. When it is not 1,
+    /// a step whose gradient is not finite is skipped (an overflow, not judged by the sentinel).
+    pub loss_scale: f64,
 }
 
 impl StepSettings {
     /// Step `step` at learning rate `lr`, clipping at `grad_clip`: nothing to stop, no
-    /// parameter hash to compare, phases untimed (a single worker's usual step).
+    /// parameter hash to compare, phases untimed, f32 (a single worker's usual step).
     pub fn new(step: u64, lr: f64, grad_clip: f64) -> Self {
-        Self { step, lr, grad_clip, stop: false, param_hash: None, timed: false }
+        Self {
+            step,
+            lr,
+            grad_clip,
+            stop: false,
+            param_hash: None,
+            timed: false,
+            precision: Precision::Fp32,
+            loss_scale: 1.0,
+        }
     }
 }
 
@@ -148,11 +169,21 @@ pub fn optimizer_step<B: AutodiffBackend>(
     //    consumed, so nothing carries into the next step.
     let started = Instant::now();
     let grad_norm = clip_grad_norm(target.model(), &mut grads, settings.grad_clip);
+    let scaled = settings.loss_scale != 1.0;
+    let read = (scaled || sentinel.is_some()).then(|| read_pair(&global.loss, &grad_norm));
+    // A scaled step whose gradient overflowed is skipped without judging it: the scaler
+    // halves the scale and the step is tried at the next one (PyTorch's GradScaler).
+    let overflow = scaled && read.is_some_and(|[_, norm]| !norm.is_finite());
     let judgement = sentinel.map(|sentinel| {
-        let [loss, norm] = read_pair(&global.loss, &grad_norm);
-        sentinel.judge(loss, norm)
+        let [loss, norm] = read.expect("read when there is a sentinel");
+        if overflow {
+            Judgement { loss, grad_norm: norm, zscore: None, anomaly: None, skipped: true }
+        } else {
+            sentinel.judge(loss, norm)
+        }
     });
-    if judgement.as_ref().is_none_or(|j| !j.skipped) {
+    let judgement_skips = judgement.as_ref().is_some_and(|j| j.skipped);
+    if !overflow && !judgement_skips {
         target.apply(settings.lr, grads);
     }
     if settings.timed {
@@ -171,6 +202,7 @@ pub fn optimizer_step<B: AutodiffBackend>(
         optimizer_time: started.elapsed(),
         device_memory: global.device_memory,
         judgement,
+        overflow,
     })
 }
 
@@ -209,7 +241,7 @@ pub fn accumulate<B: AutodiffBackend>(
     micro_batches: &[Batch],
     device: &B::Device,
 ) -> (GradientsParams, Tensor<B::InnerBackend, 1>, usize) {
-    let (grads, nll, tokens, _) = accumulate_timed(model, micro_batches, false, device);
+    let (grads, nll, tokens, _) = accumulate_timed(model, micro_batches, false, Precision::Fp32, 1.0, device);
     (grads, nll, tokens)
 }
 
@@ -256,6 +288,8 @@ fn accumulate_timed<B: AutodiffBackend>(
     model: &LanguageModel<B>,
     micro_batches: &[Batch],
     timed: bool,
+    precision: Precision,
+    loss_scale: f64,
     device: &B::Device,
 ) -> (GradientsParams, Tensor<B::InnerBackend, 1>, usize, PassTimes) {
     let mut accumulator = GradientsAccumulator::new();
@@ -266,10 +300,13 @@ fn accumulate_timed<B: AutodiffBackend>(
         // 2. Forward: logits for every position (teacher forcing), [B, T, V]; rows that pack
         //    several documents attend within each document only when masking is on.
         // 3. Loss: Σ NLL over this micro-batch's scored targets (normalized after the sync).
-        let nll = batch_nll(model, batch, device);
+        //    The matmuls run in `precision` (f32 weights cast at their use, f32 elsewhere).
+        let nll = autocast(precision, || batch_nll(model, batch, device));
         clock.lap(&mut times.forward);
-        // 4. Backward; Burn's accumulator sums the micro-steps' gradients.
-        let grads = GradientsParams::from_grads(nll.backward(), model);
+        // 4. Backward (of the scaled loss under fp16-mixed); Burn's accumulator sums the
+        //    micro-steps' gradients.
+        let scaled = if loss_scale == 1.0 { nll.clone() } else { nll.clone().mul_scalar(loss_scale) };
+        let grads = GradientsParams::from_grads(scaled.backward(), model);
         accumulator.accumulate(model, grads);
         clock.lap(&mut times.backward);
         let detached = nll.inner();
@@ -321,7 +358,15 @@ pub fn global_gradients<B: AutodiffBackend>(
     device: &B::Device,
 ) -> Result<GlobalGradients<B>, TrainError> {
     let started = Instant::now();
-    let (grads, nll_sum, tokens, passes) = accumulate_timed(model, micro_batches, settings.timed, device);
+    // fp16-mixed: Σ NLL × scale ÷ (input positions of the global batch); exactly 1 otherwise.
+    let multiplier = if settings.loss_scale == 1.0 {
+        1.0
+    } else {
+        let positions: usize = micro_batches.iter().map(|b| b.batch_size * b.seq_len).sum();
+        settings.loss_scale / (positions * sync.world_size()).max(1) as f64
+    };
+    let (grads, nll_sum, tokens, passes) =
+        accumulate_timed(model, micro_batches, settings.timed, settings.precision, multiplier, device);
     let mut memory = None;
     if settings.timed {
         let _ = B::sync(device);
@@ -343,7 +388,8 @@ pub fn global_gradients<B: AutodiffBackend>(
         return Err(TrainError::NoScoredTokens { step: settings.step });
     }
     let mut grads = global.grads;
-    scale_grads(model, &mut grads, 1.0 / scored_tokens as f64);
+    // The mean over the global batch, and the loss scale undone (before clipping).
+    scale_grads(model, &mut grads, 1.0 / (scored_tokens as f64 * multiplier));
     Ok(GlobalGradients {
         grads,
         loss: global.nll_sum / scored_tokens as f64,

@@ -51,7 +51,7 @@ fn run_cuda<T: BackendTask>(indices: &[usize], task: T) -> Result<T::Output, Tra
 #[cfg(not(feature = "cuda"))]
 fn run_cuda<T: BackendTask>(_indices: &[usize], _task: T) -> Result<T::Output, TrainError> {
     Err(TrainError::Backend(
-        "this ember was built without CUDA support; rebuild with `CUDARC_CUDA_VERSION=13000 cargo build --release --features ember/cuda` or use backend = \"flex\"".into(),
+        "this ember was built without CUDA support; rebuild with `CUDARC_CUDA_VERSION=13000 cargo build --release --features ember/cuda` or use backend = \"flex\" (--backend flex)".into(),
     ))
 }
 

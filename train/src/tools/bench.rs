@@ -205,7 +205,11 @@ pub fn step<B: AutodiffBackend>(
     device: &B::Device,
 ) -> Result<(LanguageModel<B>, StepOutput<B::InnerBackend>), TrainError> {
     let o = &config.optimizer;
-    let settings = StepSettings { timed: true, ..StepSettings::new(step, o.lr, o.grad_clip) };
+    let settings = StepSettings {
+        timed: true,
+        precision: config.precision.mode(),
+        ..StepSettings::new(step, o.lr, o.grad_clip)
+    };
     train_step(model, optimizer, micro_batches, settings, &mut Solo, None, device)
 }
 

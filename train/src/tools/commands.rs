@@ -68,7 +68,9 @@ pub fn eval_run(
             let loss = |split| -> Result<f64, TrainError> {
                 let view =
                     DataView::new(data.clone(), split, config.model.block_size(), config.document_masking)?;
-                evaluate(&model, &view, config.seed, self.batches, config.micro_batch_size, &device)
+                ember_model::autocast(config.precision.mode(), || {
+                    evaluate(&model, &view, config.seed, self.batches, config.micro_batch_size, &device)
+                })
             };
             let step = self.trained.step()?;
             Ok(EvalReport {

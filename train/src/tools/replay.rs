@@ -240,6 +240,7 @@ fn initial_state(config: &RunConfig, data: &PreparedData) -> TrainState {
         data_tokens: (data.meta.train_tokens, data.meta.total_tokens - data.meta.train_tokens),
         world_size: config.world_size(),
         sentinel: Default::default(),
+        loss_scaler: None,
     }
 }
 

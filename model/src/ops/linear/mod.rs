@@ -8,7 +8,7 @@ mod tests;
 use burn::nn::Linear;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn::tensor::{DType, Tensor, TensorPrimitive};
 
 use super::dispatch::{same, with_fused_backend};
 
@@ -45,7 +45,15 @@ pub trait FusedMatmul: Backend {
 impl FusedMatmul for burn::backend::Cuda {}
 
 /// `x·w` (`[n, k]·[k, m]` → `[n, m]`), fused where the backend has it ([`FusedMatmul`]).
+///
+/// Inside a low-precision [`crate::autocast`] region both operands are cast to its dtype and
+/// the product back to f32 (the gradients flow back through the casts in f32).
 pub fn matmul<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B, 2> {
+    if let Some(dtype) = crate::precision::matmul_dtype() {
+        if x.dtype() != dtype {
+            return matmul(x.cast(dtype), w.cast(dtype)).cast(DType::F32);
+        }
+    }
     let (x, w) = (x.into_primitive().tensor(), w.into_primitive().tensor());
     let y = with_fused_backend!(B, FB => {
         same::<FloatTensor<FB>, FloatTensor<B>>(FB::fused_matmul(same(x), same(w)))

@@ -113,8 +113,12 @@ impl Fixture {
         })
     }
 
-    /// `rows` of `batch.json`'s `input_ids` / `targets` as one batch.
-    pub(super) fn batch(&self, rows: &[usize]) -> Result<Batch, TrainError> {
+    /// `rows` of `batch.json`'s `input_ids` / `targets` as one batch, checked against `model`:
+    /// rows of one length within its context, token ids in `0..vocab_size`, targets there or
+    /// `-100` (ignore_index).
+    ///
+    /// Errors: [`TrainError::BadFile`] naming `batch.json`, the field and what was expected.
+    pub(super) fn batch(&self, rows: &[usize], model: &ModelConfig) -> Result<Batch, TrainError> {
         let matrix = |key: &str| -> Result<Vec<Vec<i64>>, TrainError> {
             let pointer = format!("/{key}");
             let rows = self
@@ -131,6 +135,28 @@ impl Fixture {
         };
         let (inputs, targets) = (matrix("input_ids")?, matrix("targets")?);
         let seq_len = inputs.first().map_or(0, Vec::len);
+        let (vocab, context) = (model.vocab_size() as i64, model.block_size());
+        if seq_len == 0 || seq_len > context {
+            return Err(self.bad(
+                "batch.json",
+                "/input_ids",
+                &format!("rows of 1 to {context} tokens (block_size)"),
+            ));
+        }
+        for (key, matrix) in [("input_ids", &inputs), ("targets", &targets)] {
+            let pointer = format!("/{key}");
+            if matrix.len() != inputs.len() || matrix.iter().any(|row| row.len() != seq_len) {
+                let what = format!("{} rows of {seq_len} tokens, like input_ids' first row", inputs.len());
+                return Err(self.bad("batch.json", &pointer, &what));
+            }
+            let ignore = if key == "targets" { Some(-100) } else { None };
+            if let Some(v) = matrix.iter().flatten().find(|&&v| !(0..vocab).contains(&v) && Some(v) != ignore)
+            {
+                let allowed = if ignore.is_some() { " or -100 (ignore_index)" } else { "" };
+                let what = format!("token ids in 0..{vocab} (vocab_size){allowed}, not {v}");
+                return Err(self.bad("batch.json", &pointer, &what));
+            }
+        }
         let mut batch = Batch {
             batch_size: rows.len(),
             seq_len,

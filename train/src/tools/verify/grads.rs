@@ -19,14 +19,14 @@ pub const FILE: &str = "init_grads.safetensors";
 
 /// One check per parameter tensor, in the model's order: `diff` is the largest element-wise
 /// difference divided by the largest |value| of the fixture's gradient of that tensor (a
-/// tensor's rounding scales with its largest entries, not with each element); `ember` and
-/// `expected` are the two gradients' L2 norms.
+/// tensor's rounding scales with its largest entries, not with each element), NaN when either
+/// gradient has a non-finite value; `ember` and `expected` are the two gradients' L2 norms.
 ///
 /// `model` is a fresh model of the fixture's config (it fixes names and shapes) and `grads`
 /// Ember's gradients at the fixture's initial weights on its full batch.
 ///
-/// Errors: the file is unreadable, or its tensors do not match the model's (each missing,
-/// unexpected or mis-shaped tensor named).
+/// Errors: the file is unreadable or not a file, or its tensors do not match the model's (each
+/// missing, unexpected or mis-shaped tensor named).
 pub fn checks<B: AutodiffBackend>(
     model: &LanguageModel<B>,
     grads: &GradientsParams,
@@ -45,7 +45,13 @@ pub fn checks<B: AutodiffBackend>(
         let max_diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
         let scale = b.iter().map(|y| y.abs()).fold(0.0, f64::max);
         let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
-        let diff = if scale > 0.0 { max_diff / scale } else { max_diff };
+        // `f64::max` skips NaN: a non-finite value on either side makes the check NaN (failed).
+        let finite = a.iter().chain(&b).all(|v| v.is_finite());
+        let diff = match (finite, scale > 0.0) {
+            (false, _) => f64::NAN,
+            (true, true) => max_diff / scale,
+            (true, false) => max_diff,
+        };
         checks.push(Check {
             name: format!("grad {name}"),
             ember: norm(&a),

@@ -81,8 +81,17 @@ pub struct Report {
     /// Every check within tolerance.
     pub ok: bool,
     /// The parameter whose gradient differs most from the fixture's (relative to its largest
-    /// value), with that difference; `None` when the fixture has no per-tensor gradients.
-    pub worst_gradient: Option<(String, f64)>,
+    /// value); `None` when the fixture has no per-tensor gradients.
+    pub worst_gradient: Option<WorstGradient>,
+}
+
+/// The tensor of [`Report::worst_gradient`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WorstGradient {
+    /// Its Hugging Face name.
+    pub tensor: String,
+    /// Its check's `diff` (NaN when a gradient is not finite).
+    pub diff: f64,
 }
 
 impl std::fmt::Display for Report {
@@ -109,8 +118,13 @@ impl std::fmt::Display for Report {
                 if c.ok { "ok" } else { "FAIL" }
             )?;
         }
-        if let Some((name, diff)) = &self.worst_gradient {
-            writeln!(f, "largest gradient difference: {name} ({diff:.2e} of its largest |value|)")?;
+        match &self.worst_gradient {
+            Some(w) => writeln!(
+                f,
+                "largest gradient difference: {} ({:.2e} of its largest |value|)",
+                w.tensor, w.diff
+            )?,
+            None => writeln!(f, "per-tensor gradients: not checked (the fixture has no {})", grads::FILE)?,
         }
         let failed = self.checks.iter().filter(|c| !c.ok).count();
         if failed == 0 {
@@ -162,9 +176,9 @@ pub fn verify<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Repo
     let (opt, lr, steps) = fixture.optimizer()?;
     let rows: Vec<usize> =
         (0..fixture.get("batch.json", "/input_ids")?.as_array().map_or(0, Vec::len)).collect();
-    let full = vec![fixture.batch(&rows)?];
+    let full = vec![fixture.batch(&rows, &config)?];
     let micro: Vec<Batch> =
-        fixture.micro_batches()?.iter().map(|mb| fixture.batch(mb)).collect::<Result<_, _>>()?;
+        fixture.micro_batches()?.iter().map(|mb| fixture.batch(mb, &config)).collect::<Result<_, _>>()?;
     let mut checks = Vec::new();
 
     // Initial loss and global gradient norm on the full batch.
@@ -189,12 +203,14 @@ pub fn verify<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Repo
     // Every parameter's gradient, tensor by tensor, when the fixture carries them.
     let grads_file = dir.join(grads::FILE);
     let mut worst_gradient = None;
-    if grads_file.is_file() {
+    if grads_file.exists() {
         let per_tensor = grads::checks(&model, &grads, &grads_file)?;
+        // NaN (a non-finite gradient on either side) ranks above every number.
+        let rank = |c: &Check| if c.diff.is_nan() { f64::INFINITY } else { c.diff };
         worst_gradient = per_tensor
             .iter()
-            .max_by(|a, b| a.diff.total_cmp(&b.diff))
-            .map(|c| (c.name.trim_start_matches("grad ").to_string(), c.diff));
+            .max_by(|a, b| rank(a).total_cmp(&rank(b)))
+            .map(|c| WorstGradient { tensor: c.name.trim_start_matches("grad ").to_string(), diff: c.diff });
         checks.extend(per_tensor);
     }
 
