@@ -15,7 +15,9 @@ pub struct EstimateArgs {
     /// Override a config key, e.g. --set micro_batch_size=32.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// Precision of the persistent state: fp32 (what Ember trains in) or bf16-mixed.
+    /// Precision of the persistent state: fp32, or bf16-mixed as the textbook split (2 B bf16
+    /// weights + 2 B grads + 4 B master + 8 B moments); Ember's own mixed modes keep f32
+    /// weights and grads, which this does not model yet.
     #[arg(long, default_value = "fp32", value_parser = parse_precision)]
     precision: Precision,
     /// Model FLOPs utilization assumed for the time per step.

@@ -178,6 +178,34 @@ fn loss_spikes_are_marked_or_skipped() {
     }
 }
 
+/// `ember replay` runs the steps in the run's precision (and, for fp16-mixed, with its loss
+/// scaler from the checkpoint): the replayed loss and gradient norm equal the record's.
+#[test]
+fn replay_reproduces_mixed_precision_steps() {
+    let _g = serial();
+    for precision in ["bf16-mixed", "fp16-mixed"] {
+        let dir = tempfile::tempdir().unwrap();
+        let data = prepared_corpus(dir.path());
+        let run_dir = dir.path().join("run");
+        let set = format!("precision=\"{precision}\"");
+        run(corrupted(&data, &run_dir, &["checkpoint_every=2", &set], None)).unwrap();
+        let records = train_records(&run_dir);
+        for step in [3, 4] {
+            let report = replay_run(&run_dir, step, None, &mut |_| {}).unwrap();
+            let recorded = records.iter().find(|r| r.step == step).unwrap();
+            assert_eq!(recorded.loss_scale.is_some(), precision == "fp16-mixed");
+            let close = |a: f64, b: f64| (a - b).abs() < 1e-6 * b.abs();
+            assert!(
+                close(report.loss, recorded.loss),
+                "{precision} step {step}: {} vs {}",
+                report.loss,
+                recorded.loss
+            );
+            assert!(close(report.grad_norm, recorded.grad_norm), "{precision} step {step}: grad norm");
+        }
+    }
+}
+
 #[test]
 fn replay_reproduces_a_logged_step_per_micro_batch() {
     let _g = serial();

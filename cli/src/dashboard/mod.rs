@@ -301,7 +301,7 @@ mod tests {
         (r.loss_scale, r.overflow_steps) = (Some(16384.0), 2);
         d.push(Record::Train(r));
         let text = screen(&d);
-        assert!(text.contains("loss scale  16384 (2 overflow steps skipped)"), "{text}");
+        assert!(text.contains("loss scale  16384 (2 overflows)"), "{text}");
     }
 
     #[test]

@@ -167,7 +167,7 @@ fn numbers(frame: &mut Frame<'_>, area: Rect, d: &Dashboard) {
                 .map_or(String::new(), |e| format!(" (last: {} at step {})", e.event, e.step));
             row("sentinel", format!("{} skipped, {} spikes{last_event}", r.skipped_steps, r.spikes));
             if let Some(scale) = r.loss_scale {
-                row("loss scale", format!("{scale} ({} overflow steps skipped)", r.overflow_steps));
+                row("loss scale", format!("{scale} ({} overflows)", r.overflow_steps));
             }
             row("tokens/s", format!("{:.0}", r.tokens_per_sec));
             row("steps/s", d.steps_per_s().map_or("—".into(), |s| format!("{s:.2}")));

@@ -176,12 +176,12 @@ fn describe<B: AutodiffBackend>(
     let census = AdamWGroups::<LanguageModel<B>, B>::new(&config.optimizer, model).census;
     log(&format!("model: {} with {} parameters; {census}", config.model.arch(), model.num_params()));
     match config.precision {
-        crate::config::PrecisionKind::Fp32 => {}
+        crate::config::PrecisionKind::Fp32 => log("precision: fp32"),
         crate::config::PrecisionKind::Bf16Mixed => {
             log("precision: bf16-mixed (matmuls in bfloat16 from f32 weights; norms, softmax, loss, gradients and AdamW in f32)")
         }
         crate::config::PrecisionKind::Fp16Mixed => log(
-            "precision: fp16-mixed (matmuls in half precision from f32 weights, f32 elsewhere; dynamic loss scaling from 2^16)",
+            "precision: fp16-mixed (matmuls in half precision from f32 weights, f32 elsewhere; dynamic loss scaling, 2^16 at the start of a run, a checkpoint's scale on resume)",
         ),
     }
     log(&format!(

@@ -37,8 +37,8 @@ pub use scaler::LossScaler;
 pub use sentinel::{Anomaly, Judgement, Sentinel, SentinelState};
 pub use sync::{Contribution, Exchanged, GradSync, Solo};
 pub use train_step::{
-    accumulate, batch_nll, forward_backward, global_gradients, optimizer_step, train_step, GlobalGradients,
-    StepOutput, StepSettings, StepTarget, Trainee,
+    accumulate, accumulate_in, batch_nll, forward_backward, global_gradients, loss_multiplier,
+    optimizer_step, train_step, GlobalGradients, StepOutput, StepSettings, StepTarget, Trainee,
 };
 
 /// The value of a `[1]` tensor, read back to the host (a device sync).

@@ -241,8 +241,33 @@ pub fn accumulate<B: AutodiffBackend>(
     micro_batches: &[Batch],
     device: &B::Device,
 ) -> (GradientsParams, Tensor<B::InnerBackend, 1>, usize) {
-    let (grads, nll, tokens, _) = accumulate_timed(model, micro_batches, false, Precision::Fp32, 1.0, device);
+    accumulate_in(model, micro_batches, Precision::Fp32, 1.0, device)
+}
+
+/// [`accumulate`] with the forward passes in `precision` and the backward of Σ NLL × `multiplier`
+/// (see [`loss_multiplier`]): the gradient returned is `multiplier · ∇ Σ NLL`.
+pub fn accumulate_in<B: AutodiffBackend>(
+    model: &LanguageModel<B>,
+    micro_batches: &[Batch],
+    precision: Precision,
+    multiplier: f64,
+    device: &B::Device,
+) -> (GradientsParams, Tensor<B::InnerBackend, 1>, usize) {
+    let (grads, nll, tokens, _) =
+        accumulate_timed(model, micro_batches, false, precision, multiplier, device);
     (grads, nll, tokens)
+}
+
+/// The factor the summed loss is multiplied by before the backward pass at loss scale
+/// `loss_scale`: exactly 1 without loss scaling, else `loss_scale ÷` the input positions of the
+/// global batch (`micro_batches` of this rank × `world_size`), so the scale applies to the
+/// mean loss as in PyTorch and is the same on every rank.
+pub fn loss_multiplier(loss_scale: f64, micro_batches: &[Batch], world_size: usize) -> f64 {
+    if loss_scale == 1.0 {
+        return 1.0;
+    }
+    let positions: usize = micro_batches.iter().map(|b| b.batch_size * b.seq_len).sum();
+    loss_scale / (positions * world_size).max(1) as f64
 }
 
 /// Time of the forward passes (model and loss) and of the backward passes (with the gradient
@@ -359,12 +384,7 @@ pub fn global_gradients<B: AutodiffBackend>(
 ) -> Result<GlobalGradients<B>, TrainError> {
     let started = Instant::now();
     // fp16-mixed: Σ NLL × scale ÷ (input positions of the global batch); exactly 1 otherwise.
-    let multiplier = if settings.loss_scale == 1.0 {
-        1.0
-    } else {
-        let positions: usize = micro_batches.iter().map(|b| b.batch_size * b.seq_len).sum();
-        settings.loss_scale / (positions * sync.world_size()).max(1) as f64
-    };
+    let multiplier = loss_multiplier(settings.loss_scale, micro_batches, sync.world_size());
     let (grads, nll_sum, tokens, passes) =
         accumulate_timed(model, micro_batches, settings.timed, settings.precision, multiplier, device);
     let mut memory = None;

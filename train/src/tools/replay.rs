@@ -16,7 +16,7 @@ use ember_model::LanguageModel;
 
 use super::backend::{run_on, BackendTask};
 use super::trained::{Source, Trained};
-use crate::config::{BackendKind, RunConfig};
+use crate::config::{BackendKind, PrecisionKind, RunConfig};
 use crate::error::TrainError;
 use crate::persist::checkpoint::{self, TrainState, CHECKPOINT_VERSION};
 use crate::persist::recover;
@@ -25,7 +25,8 @@ use crate::runner::step_seed;
 use crate::step::optim::{clip_grad_norm, AdamWGroups};
 use crate::step::schedule::LrSchedule;
 use crate::step::{
-    accumulate, scalar, train_step, Contribution, Exchanged, GradSync, Judgement, Sentinel, StepSettings,
+    accumulate_in, loss_multiplier, scalar, train_step, Contribution, Exchanged, GradSync, Judgement,
+    Sentinel, StepSettings,
 };
 
 /// One micro-batch of the replayed step.
@@ -151,6 +152,10 @@ fn replay<B: AutodiffBackend>(
         .map(|rank| Feed::start(data.clone(), config, state.sampler, rank, world_size))
         .collect::<Result<Vec<_>, _>>()?;
     let mut sentinel = Sentinel::new(config.sentinel.clone(), state.sentinel.clone());
+    // The run's precision, and for fp16-mixed its loss scaler as it was at the checkpoint.
+    let precision = config.precision.mode();
+    let mut scaler =
+        (config.precision == PrecisionKind::Fp16Mixed).then(|| state.loss_scaler.clone().unwrap_or_default());
     let schedule = LrSchedule::from_config(&config.optimizer, config.max_steps);
     log(&format!(
         "replaying from {} (step {}) to step {target} ({world_size} rank{})",
@@ -167,27 +172,41 @@ fn replay<B: AutodiffBackend>(
         let mut others = Vec::new();
         for batches in &ranks[1..] {
             B::seed(device, step_seed(config.seed, step));
-            let (grads, nll_sum, tokens) = accumulate(&model, batches, device);
+            let multiplier = loss_multiplier(scaler.as_ref().map_or(1.0, |s| s.scale), batches, world_size);
+            let (grads, nll_sum, tokens) = accumulate_in(&model, batches, precision, multiplier, device);
             others.push((grads, nll_sum, tokens as u64));
         }
         B::seed(device, step_seed(config.seed, step));
-        let settings = StepSettings::new(step, schedule.lr(step), config.optimizer.grad_clip);
+        let settings = StepSettings {
+            precision,
+            loss_scale: scaler.as_ref().map_or(1.0, |s| s.scale),
+            ..StepSettings::new(step, schedule.lr(step), config.optimizer.grad_clip)
+        };
         let mut sync = Gathered { others, world_size };
-        let (next, _) =
+        let (next, out) =
             train_step(model, &mut optimizer, &ranks[0], settings, &mut sync, Some(&mut sentinel), device)?;
         model = next;
+        if let Some(scaler) = scaler.as_mut() {
+            scaler.update(!out.overflow);
+        }
     }
     // Step `target`: each micro-batch on its own, then the global batch.
     let mut micro_batches = Vec::new();
     let mut total = GradientsAccumulator::new();
     let (mut nll, mut tokens) = (0.0, 0usize);
+    // The run's loss multiplier at this step (1 unless fp16-mixed; every rank's micro-batches
+    // have one size, so one factor).
+    let mut multiplier = 1.0;
     for (rank, feed) in feeds.iter_mut().enumerate() {
         let (data, _) = feed.next_step()?;
         B::seed(device, step_seed(config.seed, target));
+        multiplier =
+            loss_multiplier(scaler.as_ref().map_or(1.0, |s| s.scale), &data.micro_batches, world_size);
         for (micro_step, (batch, source)) in data.micro_batches.iter().zip(data.sources).enumerate() {
-            let (mut grads, nll_sum, scored) = accumulate(&model, std::slice::from_ref(batch), device);
+            let (mut grads, nll_sum, scored) =
+                accumulate_in(&model, std::slice::from_ref(batch), precision, multiplier, device);
             let nll_sum = scalar(nll_sum);
-            let norm = grad_norm(&model, &mut grads, scored);
+            let norm = grad_norm(&model, &mut grads, scored as f64 * multiplier);
             total.accumulate(&model, grads);
             nll += nll_sum;
             tokens += scored;
@@ -203,7 +222,7 @@ fn replay<B: AutodiffBackend>(
         }
     }
     let loss = nll / tokens.max(1) as f64;
-    let grad_norm = grad_norm(&model, &mut total.grads(), tokens);
+    let grad_norm = grad_norm(&model, &mut total.grads(), tokens as f64 * multiplier);
     let judgement = sentinel.judge(loss, grad_norm);
     Ok(ReplayReport {
         run_dir: run_dir.into(),
@@ -219,13 +238,10 @@ fn replay<B: AutodiffBackend>(
     })
 }
 
-/// The L2 norm of `∇ Σ NLL ÷ tokens`, given `grads = ∇ Σ NLL` (measured, not changed).
-fn grad_norm<B: AutodiffBackend>(
-    model: &LanguageModel<B>,
-    grads: &mut GradientsParams,
-    tokens: usize,
-) -> f64 {
-    scalar(clip_grad_norm(model, grads, 0.0)) / tokens.max(1) as f64
+/// The L2 norm of `∇ Σ NLL ÷ tokens`, given `grads = multiplier · ∇ Σ NLL` and `divisor =
+/// tokens · multiplier` (measured, not changed).
+fn grad_norm<B: AutodiffBackend>(model: &LanguageModel<B>, grads: &mut GradientsParams, divisor: f64) -> f64 {
+    scalar(clip_grad_norm(model, grads, 0.0)) / divisor.max(f64::MIN_POSITIVE)
 }
 
 /// The state a run starts from: step 0, the data's first epoch, as many ranks as configured.
