@@ -55,13 +55,7 @@ fn f32_master_weights_take_updates_that_bf16_cannot_hold() {
 #[test]
 fn the_step_runs_in_its_precision() {
     let device = Default::default();
-    let batch = Batch {
-        batch_size: 2,
-        seq_len: 16,
-        inputs: (0..32).map(|i| (i * 7 % 64) as u32).collect(),
-        targets: (0..32).map(|i| (i * 7 + 7) % 64).collect(),
-        segments: None,
-    };
+    let batch = batch();
     // One initialization for both runs (other tests draw from the backend's RNG meanwhile).
     <Ad as Backend>::seed(&device, 5);
     let initial = ModelConfig::preset("tiny").unwrap().init::<Ad>(&device).unwrap();
