@@ -52,11 +52,20 @@ fn estimate_gives_two_gigabytes_of_persistent_state_for_gpt2_124m() {
 }
 
 #[test]
+fn bench_reports_its_precision() {
+    let dir = workdir();
+    let args = ["bench", "--config", "tiny.toml", "--steps", "1", "--warmup", "0", "--no-matmul-peak"];
+    let text = ok(&[&args[..], &["--set", "precision=\"bf16-mixed\""]].concat(), dir.path());
+    assert!(text.contains("precision        bf16-mixed"), "{text}");
+}
+
+#[test]
 fn bench_reports_throughput_phases_and_a_random_token_loss() {
     let dir = workdir();
     let r =
         json(&ok(&["bench", "--config", "tiny.toml", "--steps", "3", "--warmup", "1", "--json"], dir.path()));
     assert_eq!(r["steps"], 3);
+    assert_eq!(r["precision"], "fp32");
     assert_eq!(r["tokens_per_step"], 4 * 16);
     assert!(r["tokens_per_sec"].as_f64().unwrap() > 0.0);
     let (forward, backward) =

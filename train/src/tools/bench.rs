@@ -39,6 +39,8 @@ pub struct Phases {
 pub struct BenchReport {
     /// Backend and device, in words.
     pub device: String,
+    /// The step's floating-point mode (`precision`: `fp32`, `bf16-mixed`, `fp16-mixed`).
+    pub precision: crate::config::PrecisionKind,
     /// Optimizer steps timed (after the warm-up steps).
     pub steps: usize,
     /// Tokens per optimizer step.
@@ -166,6 +168,7 @@ pub fn bench<B: AutodiffBackend>(
     let matmul_flops = matmul_size.map(|n| matmul_flops::<B::InnerBackend>(n, device));
     Ok(BenchReport {
         device: device_name,
+        precision: config.precision,
         steps,
         tokens_per_step,
         tokens_per_sec,
