@@ -127,6 +127,9 @@ enum Command {
         /// The backend to run on: flex (CPU) or cuda (a build with `--features ember/cuda`).
         #[arg(long, value_parser = parse_backend, default_value = "flex")]
         backend: BackendKind,
+        /// What Ember computes in: fp32, or bf16-mixed (bfloat16 matmuls; looser tolerances).
+        #[arg(long, value_parser = ["fp32", "bf16-mixed"], default_value = "fp32")]
+        precision: String,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -235,8 +238,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let _ = server.join();
             Ok(())
         }
-        Command::Verify { fixture, backend, json } => {
-            let report = ember_train::tools::verify::verify_on(backend, &fixture)?;
+        Command::Verify { fixture, backend, precision, json } => {
+            let precision = if precision == "bf16-mixed" {
+                ember_train::PrecisionKind::Bf16Mixed
+            } else {
+                ember_train::PrecisionKind::Fp32
+            };
+            let report = ember_train::tools::verify::verify_on(backend, &fixture, precision)?;
             if json {
                 out!("{}", serde_json::to_string_pretty(&report)?);
             } else {

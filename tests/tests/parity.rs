@@ -9,7 +9,8 @@ use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::Tensor;
 use ember_model::hf;
-use ember_train::tools::verify::{verify, Report};
+use ember_train::tools::verify::{verify, verify_in, Report};
+use ember_train::PrecisionKind;
 
 /// Every check within tolerance: the 27 global ones, plus one per parameter tensor when the
 /// fixture carries `init_grads.safetensors`.
@@ -45,6 +46,27 @@ fn shared_gpt2_tiny_fixture_matches_pytorch() {
     // largest gradient entry.
     let report = check(&Path::new(&shared).join("parity/gpt2-tiny"), 28);
     assert!(report.worst_gradient.unwrap().diff < 1e-5);
+}
+
+/// `ember verify --precision bf16-mixed`: Ember in bfloat16 matmuls against PyTorch's fp32
+/// passes every fixture within bfloat16's tolerances, and is not fp32 (the gradient norm
+/// differs by more than fp32's 1e-5); fp16-mixed is refused with the reason.
+#[test]
+fn bf16_mixed_matches_pytorch_within_bfloat16_rounding() {
+    let mut dirs = vec![fixture("gpt2-erf-nobias"), fixture("llama-tiny-gqa")];
+    if let Some(shared) = std::env::var_os("EMBER_SHARED") {
+        dirs.push(Path::new(&shared).join("parity/gpt2-tiny"));
+    }
+    for dir in &dirs {
+        let report = verify_in::<Autodiff<Flex>>(dir, &Default::default(), PrecisionKind::Bf16Mixed).unwrap();
+        assert!(report.ok, "{report}");
+        let norm = &report.checks[1];
+        assert_eq!((norm.name.as_str(), norm.tolerance), ("initial grad norm", 1.0 / 256.0));
+        assert!(norm.diff > 1e-5, "bf16 rounding shows in the gradient norm: {report}");
+    }
+    let err =
+        verify_in::<Autodiff<Flex>>(&dirs[0], &Default::default(), PrecisionKind::Fp16Mixed).unwrap_err();
+    assert!(err.to_string().contains("fp32 or bf16-mixed"), "{err}");
 }
 
 /// A gradient file with one tensor off by 1e-3 of its largest value: exactly that tensor's

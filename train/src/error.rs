@@ -166,6 +166,9 @@ pub enum TrainError {
     /// Sampling input is invalid (e.g. a prompt longer than allowed).
     #[error("{0}")]
     Sample(String),
+    /// A combination of options Ember does not support, with what to use instead.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl TrainError {

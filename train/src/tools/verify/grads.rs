@@ -10,7 +10,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Tensor;
 use ember_model::{hf, LanguageModel};
 
-use super::{Check, REL_TOL};
+use super::Check;
 use crate::error::TrainError;
 
 /// The fixture file with PyTorch's gradients of the mean loss at the initial weights, named
@@ -19,7 +19,8 @@ pub const FILE: &str = "init_grads.safetensors";
 
 /// One check per parameter tensor, in the model's order: `diff` is the largest element-wise
 /// difference divided by the largest |value| of the fixture's gradient of that tensor (a
-/// tensor's rounding scales with its largest entries, not with each element), NaN when either
+/// tensor's rounding scales with its largest entries, not with each element; at most
+/// `tolerance`), NaN when either
 /// gradient has a non-finite value; `ember` and `expected` are the two gradients' L2 norms.
 ///
 /// `model` is a fresh model of the fixture's config (it fixes names and shapes) and `grads`
@@ -31,6 +32,7 @@ pub fn checks<B: AutodiffBackend>(
     model: &LanguageModel<B>,
     grads: &GradientsParams,
     path: &Path,
+    tolerance: f64,
 ) -> Result<Vec<Check>, TrainError> {
     let expected = hf::named_tensors(&hf::load(model.clone(), path)?)?;
     let ours = hf::named_tensors(&model.clone().map(&mut GradsAsWeights { grads }))?;
@@ -57,9 +59,9 @@ pub fn checks<B: AutodiffBackend>(
             ember: norm(&a),
             expected: norm(&b),
             diff,
-            tolerance: REL_TOL,
+            tolerance,
             kind: "elementwise",
-            ok: diff <= REL_TOL,
+            ok: diff <= tolerance,
         });
     }
     Ok(checks)

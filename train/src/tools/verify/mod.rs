@@ -13,17 +13,51 @@ use ember_data::Batch;
 use ember_model::{GeluKind, LanguageModel, ModelConfig};
 use serde::Serialize;
 
-use crate::config::BackendKind;
+use crate::config::{BackendKind, PrecisionKind};
 use crate::error::TrainError;
 use crate::step::optim::{clip_grad_norm, AdamWGroups};
-use crate::step::{forward_backward, scalar, train_step, Solo, StepSettings};
+use crate::step::{global_gradients, scalar, train_step, Solo, StepSettings};
 use crate::tools::backend::{run_on, BackendTask};
 use fixture::Fixture;
 
-/// Relative tolerance of the initial loss and gradient norms.
+/// Relative tolerance of the initial loss and gradient norms (fp32).
 pub const REL_TOL: f64 = 1e-5;
-/// Absolute tolerance (nats) of the losses after optimizer steps.
+/// Absolute tolerance (nats) of the losses after optimizer steps (fp32).
 pub const STEP_ABS_TOL: f64 = 1e-4;
+
+/// The tolerances of one verification, by the precision Ember computes in (the fixture is
+/// PyTorch's fp32).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Tolerances {
+    /// Initial loss and gradient norms, relative.
+    pub rel: f64,
+    /// Each parameter's gradient: largest element-wise difference ÷ the tensor's largest |value|.
+    pub grad: f64,
+    /// Losses after optimizer steps, nats, absolute.
+    pub step_abs: f64,
+}
+
+impl Tolerances {
+    /// fp32: float32 rounding of two implementations summing in different orders.
+    pub const FP32: Self = Self { rel: REL_TOL, grad: REL_TOL, step_abs: STEP_ABS_TOL };
+    /// bf16-mixed, from bfloat16's unit roundoff u = 2⁻⁸ ≈ 3.9e-3 (8 significant bits; the
+    /// matmul operands are rounded to it): the loss and gradient norms within u relative (sums
+    /// of many rounded products average their errors: measured ≤ 2.5e-4 on the three
+    /// fixtures); each gradient tensor within 4u = 2⁻⁶ of its largest value (an element is a
+    /// few rounded products deep: measured ≤ 8.3e-3); the losses after 10 steps within u nats
+    /// (measured ≤ 2.9e-4).
+    pub const BF16_MIXED: Self = Self { rel: 1.0 / 256.0, grad: 1.0 / 64.0, step_abs: 1.0 / 256.0 };
+
+    /// The tolerances for `precision` (fp16-mixed is not verified: loss scaling makes its
+    /// gradients' rounding depend on the scale).
+    pub fn of(precision: PrecisionKind) -> Option<Self> {
+        match precision {
+            PrecisionKind::Fp32 => Some(Self::FP32),
+            PrecisionKind::Bf16Mixed => Some(Self::BF16_MIXED),
+            PrecisionKind::Fp16Mixed => None,
+        }
+    }
+}
 
 /// One number compared with the fixture's.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -58,12 +92,12 @@ impl Check {
         }
     }
 
-    fn new(name: impl Into<String>, ember: f64, expected: f64, relative: bool) -> Self {
+    fn new(name: impl Into<String>, ember: f64, expected: f64, relative: bool, tol: &Tolerances) -> Self {
         let abs = (ember - expected).abs();
         let (diff, tolerance, kind) = if relative {
-            (abs / expected.abs().max(f64::MIN_POSITIVE), REL_TOL, "relative")
+            (abs / expected.abs().max(f64::MIN_POSITIVE), tol.rel, "relative")
         } else {
-            (abs, STEP_ABS_TOL, "absolute")
+            (abs, tol.step_abs, "absolute")
         };
         Check { name: name.into(), ember, expected, diff, tolerance, kind, ok: diff <= tolerance }
     }
@@ -135,19 +169,19 @@ impl std::fmt::Display for Report {
     }
 }
 
-/// [`verify`] on the backend `kind` (`flex`, or `cuda` in a build with the `cuda` feature;
+/// [`verify_in`] on the backend `kind` (`flex`, or `cuda` in a build with the `cuda` feature;
 /// its first device).
 ///
 /// Errors: as [`verify`]; a backend this build or machine cannot run.
-pub fn verify_on(kind: BackendKind, dir: &Path) -> Result<Report, TrainError> {
-    struct Task<'a>(&'a Path);
+pub fn verify_on(kind: BackendKind, dir: &Path, precision: PrecisionKind) -> Result<Report, TrainError> {
+    struct Task<'a>(&'a Path, PrecisionKind);
     impl BackendTask for Task<'_> {
         type Output = Report;
         fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Result<Report, TrainError> {
-            verify::<B>(self.0, &devices[0])
+            verify_in::<B>(self.0, &devices[0], self.1)
         }
     }
-    run_on(kind, &[0], Task(dir))
+    run_on(kind, &[0], Task(dir, precision))
 }
 
 /// The model config of the fixture in `dir` (from its `expected.json`).
@@ -157,12 +191,29 @@ pub fn fixture_model(dir: &Path) -> Result<ModelConfig, TrainError> {
     Fixture::read(dir)?.model()
 }
 
-/// Verifies the fixture in `dir` on backend `B`.
+/// Verifies the fixture in `dir` on backend `B`, in fp32 ([`verify_in`]).
+pub fn verify<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Report, TrainError> {
+    verify_in::<B>(dir, device, PrecisionKind::Fp32)
+}
+
+/// Verifies the fixture in `dir` on backend `B`, Ember computing in `precision`
+/// (`fp32` or `bf16-mixed`, each with its [`Tolerances`]).
 ///
 /// Errors: unreadable or incomplete fixture files (naming the file and field); weights that
 /// do not fit the fixture's config. A numerical mismatch is not an error: it is a failed
 /// check in the report.
-pub fn verify<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Report, TrainError> {
+pub fn verify_in<B: AutodiffBackend>(
+    dir: &Path,
+    device: &B::Device,
+    precision: PrecisionKind,
+) -> Result<Report, TrainError> {
+    let tol = Tolerances::of(precision).ok_or_else(|| {
+        TrainError::Unsupported(
+            "ember verify --precision: fp32 or bf16-mixed (fp16-mixed's loss scaling makes its rounding depend on the scale)"
+                .into(),
+        )
+    })?;
+    let mode = precision.mode();
     let fixture = Fixture::read(dir)?;
     let config = fixture.model()?;
     let weights = dir.join("init.safetensors");
@@ -183,19 +234,23 @@ pub fn verify<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Repo
 
     // Initial loss and global gradient norm on the full batch.
     let model = fresh()?;
-    let (mut grads, loss, scored) = forward_backward(&model, &full, 0, device)?;
+    let initial = StepSettings { precision: mode, ..StepSettings::new(0, 0.0, 0.0) };
+    let global = global_gradients(&model, &full, &initial, &mut Solo, device)?;
+    let (mut grads, loss, scored) = (global.grads, global.loss, global.scored_tokens);
     let norm = clip_grad_norm(&model, &mut grads, 0.0);
     checks.push(Check::new(
         "initial loss (nats/token)",
         scalar(loss),
         fixture.num("expected.json", "/initial_loss")?,
         true,
+        &tol,
     ));
     checks.push(Check::new(
         "initial grad norm",
         scalar(norm),
         fixture.num("expected.json", "/initial_grad_norm")?,
         true,
+        &tol,
     ));
     if let Ok(n) = fixture.num("expected.json", "/n_scored") {
         checks.push(Check::exact("scored tokens", scored, n as usize));
@@ -204,7 +259,7 @@ pub fn verify<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Repo
     let grads_file = dir.join(grads::FILE);
     let mut worst_gradient = None;
     if grads_file.exists() {
-        let per_tensor = grads::checks(&model, &grads, &grads_file)?;
+        let per_tensor = grads::checks(&model, &grads, &grads_file, tol.grad)?;
         // NaN (a non-finite gradient on either side) ranks above every number.
         let rank = |c: &Check| if c.diff.is_nan() { f64::INFINITY } else { c.diff };
         worst_gradient = per_tensor
@@ -235,7 +290,7 @@ pub fn verify<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Repo
         let mut optimizer = AdamWGroups::new(&opt, &model);
         let mut losses = Vec::new();
         for step in 1..=steps as u64 {
-            let settings = StepSettings::new(step, lr, opt.grad_clip);
+            let settings = StepSettings { precision: mode, ..StepSettings::new(step, lr, opt.grad_clip) };
             let (next, out) = train_step(model, &mut optimizer, batches, settings, &mut Solo, None, device)?;
             model = next;
             if step == 1 && name == "accumulated" {
@@ -245,21 +300,30 @@ pub fn verify<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Repo
                     scalar(out.loss),
                     fixture.num("expected.json", &format!("{tw}/loss"))?,
                     true,
+                    &tol,
                 ));
                 checks.push(Check::new(
                     "accumulated: grad norm",
                     scalar(out.grad_norm),
                     fixture.num("expected.json", &format!("{tw}/grad_norm"))?,
                     true,
+                    &tol,
                 ));
             } else if step > 1 {
                 losses.push(scalar(out.loss));
             }
         }
-        let (_, last, _) = forward_backward(&model, batches, steps as u64 + 1, device)?;
+        let last = StepSettings { precision: mode, ..StepSettings::new(steps as u64 + 1, 0.0, 0.0) };
+        let last = global_gradients(&model, batches, &last, &mut Solo, device)?.loss;
         losses.push(scalar(last));
         for (k, (ours, theirs)) in losses.iter().zip(&expected).enumerate() {
-            checks.push(Check::new(format!("{name}: loss after step {}", k + 1), *ours, *theirs, false));
+            checks.push(Check::new(
+                format!("{name}: loss after step {}", k + 1),
+                *ours,
+                *theirs,
+                false,
+                &tol,
+            ));
         }
         if expected.len() != losses.len() {
             return Err(fixture.bad(
