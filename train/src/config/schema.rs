@@ -144,7 +144,7 @@ pub struct RunConfig {
     #[serde(default)]
     pub backend: BackendKind,
     /// Floating-point mode: `"fp32"` (default), `"bf16-mixed"` or `"fp16-mixed"`.
-    #[serde(default, skip_serializing_if = "is_fp32")]
+    #[serde(default, skip_serializing_if = "defaults::is_fp32")]
     pub precision: PrecisionKind,
     /// Peak FLOP/s of one device for MFU (default: the table of known GPUs; none on the CPU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -185,11 +185,12 @@ pub struct RunConfig {
     pub origin: Origin,
 }
 
-fn is_fp32(p: &PrecisionKind) -> bool {
-    *p == PrecisionKind::Fp32
-}
-
 mod defaults {
+    use super::PrecisionKind;
+
+    pub fn is_fp32(p: &PrecisionKind) -> bool {
+        *p == PrecisionKind::Fp32
+    }
     pub fn seed() -> u64 {
         1337
     }

@@ -12,7 +12,7 @@ use ember_model::LanguageModel;
 use super::controls::Controls;
 use super::feed::Feed;
 use super::meter::{Logged, Meter};
-use crate::config::{PrecisionKind, RunConfig};
+use crate::config::RunConfig;
 use crate::error::TrainError;
 use crate::observe::events::{value_text, Action, EventRecord};
 use crate::observe::metrics::{EvalRecord, MetricsLog, Record};
@@ -21,7 +21,9 @@ use crate::persist::checkpoint::{self, TrainState};
 use crate::step::eval::evaluate;
 use crate::step::optim::AdamWGroups;
 use crate::step::schedule::LrSchedule;
-use crate::step::{scalar, train_step, Anomaly, GradSync, Judgement, Sentinel, StepOutput, StepSettings};
+use crate::step::{
+    scalar, train_step, Anomaly, GradSync, Judgement, LossScaler, Sentinel, StepOutput, StepSettings,
+};
 
 /// One model replica and everything it trains with.
 pub struct Replica<B: AutodiffBackend> {
@@ -134,8 +136,7 @@ fn train_loop<B: AutodiffBackend>(
     // Every rank judges the same global loss and gradient norm: the same verdicts everywhere.
     let mut sentinel = Sentinel::new(config.sentinel.clone(), plan.start.sentinel.clone());
     // fp16-mixed: the loss scaler, continued from the checkpoint.
-    let mut scaler = (config.precision == PrecisionKind::Fp16Mixed)
-        .then(|| plan.start.loss_scaler.clone().unwrap_or_default());
+    let mut scaler = LossScaler::for_run(config.precision, plan.start.loss_scaler.as_ref());
     for step in plan.start.step + 1..=config.max_steps {
         plan.controls.wait_while_paused();
         let started = Instant::now();
@@ -152,7 +153,7 @@ fn train_loop<B: AutodiffBackend>(
             param_hash: check.then(|| param_hash(&model) ^ settings_hash),
             timed: logging,
             precision: config.precision.mode(),
-            loss_scale: scaler.as_ref().map_or(1.0, |s| s.scale),
+            loss_scale: LossScaler::scale_of(scaler.as_ref()),
         };
         // 2–6. Forward, loss, backward, gradient sync, clip and AdamW.
         let (next, out) = train_step(

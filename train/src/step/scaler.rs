@@ -8,6 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::PrecisionKind;
+
 /// The loss scaler's state, saved in checkpoints so a resumed run scales as the uninterrupted
 /// one would.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -31,6 +33,17 @@ impl LossScaler {
     pub const INITIAL: f64 = 65536.0;
     /// Finite steps in a row after which the scale doubles (PyTorch's default).
     pub const GROWTH_INTERVAL: u64 = 2000;
+
+    /// The scaler of a run in `precision`: `saved` (a checkpoint's) or a fresh one for
+    /// fp16-mixed, `None` for the precisions that need no loss scaling.
+    pub fn for_run(precision: PrecisionKind, saved: Option<&LossScaler>) -> Option<Self> {
+        (precision == PrecisionKind::Fp16Mixed).then(|| saved.cloned().unwrap_or_default())
+    }
+
+    /// The loss scale a step uses with `scaler` ([`Self::for_run`]): 1 without one.
+    pub fn scale_of(scaler: Option<&LossScaler>) -> f64 {
+        scaler.map_or(1.0, |s| s.scale)
+    }
 
     /// Records one step: `finite` false (the step was skipped) halves the scale; the
     /// [`Self::GROWTH_INTERVAL`]-th finite step in a row doubles it.

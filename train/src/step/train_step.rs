@@ -314,7 +314,7 @@ fn accumulate_timed<B: AutodiffBackend>(
     micro_batches: &[Batch],
     timed: bool,
     precision: Precision,
-    loss_scale: f64,
+    multiplier: f64,
     device: &B::Device,
 ) -> (GradientsParams, Tensor<B::InnerBackend, 1>, usize, PassTimes) {
     let mut accumulator = GradientsAccumulator::new();
@@ -328,9 +328,9 @@ fn accumulate_timed<B: AutodiffBackend>(
         //    The matmuls run in `precision` (f32 weights cast at their use, f32 elsewhere).
         let nll = autocast(precision, || batch_nll(model, batch, device));
         clock.lap(&mut times.forward);
-        // 4. Backward (of the scaled loss under fp16-mixed); Burn's accumulator sums the
-        //    micro-steps' gradients.
-        let scaled = if loss_scale == 1.0 { nll.clone() } else { nll.clone().mul_scalar(loss_scale) };
+        // 4. Backward (of Σ NLL × the loss multiplier under fp16-mixed); Burn's accumulator
+        //    sums the micro-steps' gradients.
+        let scaled = if multiplier == 1.0 { nll.clone() } else { nll.clone().mul_scalar(multiplier) };
         let grads = GradientsParams::from_grads(scaled.backward(), model);
         accumulator.accumulate(model, grads);
         clock.lap(&mut times.backward);

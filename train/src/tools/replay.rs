@@ -16,7 +16,7 @@ use ember_model::LanguageModel;
 
 use super::backend::{run_on, BackendTask};
 use super::trained::{Source, Trained};
-use crate::config::{BackendKind, PrecisionKind, RunConfig};
+use crate::config::{BackendKind, RunConfig};
 use crate::error::TrainError;
 use crate::persist::checkpoint::{self, TrainState, CHECKPOINT_VERSION};
 use crate::persist::recover;
@@ -26,7 +26,7 @@ use crate::step::optim::{clip_grad_norm, AdamWGroups};
 use crate::step::schedule::LrSchedule;
 use crate::step::{
     accumulate_in, loss_multiplier, scalar, train_step, Contribution, Exchanged, GradSync, Judgement,
-    Sentinel, StepSettings,
+    LossScaler, Sentinel, StepSettings,
 };
 
 /// One micro-batch of the replayed step.
@@ -154,8 +154,7 @@ fn replay<B: AutodiffBackend>(
     let mut sentinel = Sentinel::new(config.sentinel.clone(), state.sentinel.clone());
     // The run's precision, and for fp16-mixed its loss scaler as it was at the checkpoint.
     let precision = config.precision.mode();
-    let mut scaler =
-        (config.precision == PrecisionKind::Fp16Mixed).then(|| state.loss_scaler.clone().unwrap_or_default());
+    let mut scaler = LossScaler::for_run(config.precision, state.loss_scaler.as_ref());
     let schedule = LrSchedule::from_config(&config.optimizer, config.max_steps);
     log(&format!(
         "replaying from {} (step {}) to step {target} ({world_size} rank{})",
@@ -172,14 +171,14 @@ fn replay<B: AutodiffBackend>(
         let mut others = Vec::new();
         for batches in &ranks[1..] {
             B::seed(device, step_seed(config.seed, step));
-            let multiplier = loss_multiplier(scaler.as_ref().map_or(1.0, |s| s.scale), batches, world_size);
+            let multiplier = loss_multiplier(LossScaler::scale_of(scaler.as_ref()), batches, world_size);
             let (grads, nll_sum, tokens) = accumulate_in(&model, batches, precision, multiplier, device);
             others.push((grads, nll_sum, tokens as u64));
         }
         B::seed(device, step_seed(config.seed, step));
         let settings = StepSettings {
             precision,
-            loss_scale: scaler.as_ref().map_or(1.0, |s| s.scale),
+            loss_scale: LossScaler::scale_of(scaler.as_ref()),
             ..StepSettings::new(step, schedule.lr(step), config.optimizer.grad_clip)
         };
         let mut sync = Gathered { others, world_size };
@@ -200,8 +199,7 @@ fn replay<B: AutodiffBackend>(
     for (rank, feed) in feeds.iter_mut().enumerate() {
         let (data, _) = feed.next_step()?;
         B::seed(device, step_seed(config.seed, target));
-        multiplier =
-            loss_multiplier(scaler.as_ref().map_or(1.0, |s| s.scale), &data.micro_batches, world_size);
+        multiplier = loss_multiplier(LossScaler::scale_of(scaler.as_ref()), &data.micro_batches, world_size);
         for (micro_step, (batch, source)) in data.micro_batches.iter().zip(data.sources).enumerate() {
             let (mut grads, nll_sum, scored) =
                 accumulate_in(&model, std::slice::from_ref(batch), precision, multiplier, device);
