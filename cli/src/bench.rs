@@ -73,6 +73,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mb = |b: u64| b as f64 / 1e6;
     out!("device           {}", r.device);
     out!("precision        {}", serde_json::to_value(r.precision)?.as_str().unwrap_or("?"));
+    out!("checkpointing    {}", serde_json::to_value(r.checkpointing)?.as_str().unwrap_or("?"));
     out!(
         "steps            {} timed after {} warm-up, {} tokens each",
         r.steps,
@@ -119,7 +120,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         mb(r.peak_rss_bytes),
         mb(r.peak_rss_bytes.saturating_sub(r.baseline_rss_bytes)),
         mb(r.baseline_rss_bytes),
-        mb(r.estimate.peak_bytes.0)
+        mb(r.estimate.peak)
     );
     if let Some(device) = r.device_memory {
         out!(

@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use ember_train::observe::accounting::{estimate_run, known_peak_flops, Estimate, Precision};
-use ember_train::RunConfig;
+use ember_train::observe::accounting::{estimate_run, known_peak_flops, Estimate};
+use ember_train::{CheckpointingKind, PrecisionKind, RunConfig};
 
 /// Arguments of `ember estimate`.
 #[derive(Args)]
@@ -15,11 +15,10 @@ pub struct EstimateArgs {
     /// Override a config key, e.g. --set micro_batch_size=32.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// Precision of the persistent state: fp32, or bf16-mixed as the textbook split (2 B bf16
-    /// weights + 2 B grads + 4 B master + 8 B moments); Ember's own mixed modes keep f32
-    /// weights and grads, which this does not model yet.
-    #[arg(long, default_value = "fp32", value_parser = parse_precision)]
-    precision: Precision,
+    /// Precision to account for instead of the config's `precision`: fp32, bf16-mixed or
+    /// fp16-mixed (as Ember trains in it: f32 weights and gradients, 16-bit matmuls).
+    #[arg(long, value_parser = parse_precision)]
+    precision: Option<PrecisionKind>,
     /// Model FLOPs utilization assumed for the time per step.
     #[arg(long, allow_negative_numbers = true, default_value_t = 0.4)]
     mfu: f64,
@@ -34,11 +33,12 @@ pub struct EstimateArgs {
     json: bool,
 }
 
-fn parse_precision(s: &str) -> Result<Precision, String> {
+fn parse_precision(s: &str) -> Result<PrecisionKind, String> {
     match s {
-        "fp32" => Ok(Precision::Fp32),
-        "bf16-mixed" => Ok(Precision::Bf16Mixed),
-        other => Err(format!("expected fp32 or bf16-mixed, got {other:?}")),
+        "fp32" => Ok(PrecisionKind::Fp32),
+        "bf16-mixed" => Ok(PrecisionKind::Bf16Mixed),
+        "fp16-mixed" => Ok(PrecisionKind::Fp16Mixed),
+        other => Err(format!("expected fp32, bf16-mixed or fp16-mixed, got {other:?}")),
     }
 }
 
@@ -51,6 +51,9 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
         anyhow::bail!("--peak-flops {peak}: expected a positive FLOP/s, e.g. 989e12");
     }
     let mut config = RunConfig::load(&args.config, &args.set)?;
+    if let Some(precision) = args.precision {
+        config.precision = precision;
+    }
     crate::bench::warn_missing_data(&config);
     config.resolve_vocab(config.data_vocab()?)?;
     let peak =
@@ -60,13 +63,21 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
             "--gpu {gpu:?}: not in the table (h200, h100, a100, l40s, rtx 4090, a10, v100); pass --peak-flops"
         );
     }
-    let e = estimate_run(&config, args.precision, peak, args.mfu);
+    let e = estimate_run(&config, peak, args.mfu);
     if args.json {
         out!("{}", serde_json::to_string_pretty(&e)?);
     } else {
         out!("{}", table(&e, &config));
     }
     Ok(())
+}
+
+fn precision_name(p: PrecisionKind) -> &'static str {
+    match p {
+        PrecisionKind::Fp32 => "fp32",
+        PrecisionKind::Bf16Mixed => "bf16-mixed",
+        PrecisionKind::Fp16Mixed => "fp16-mixed",
+    }
 }
 
 fn gb(bytes: u64) -> String {
@@ -82,19 +93,34 @@ fn table(e: &Estimate, config: &RunConfig) -> String {
             format!("{} ({} without position embeddings)", e.params, e.params_without_positions),
         ),
         (
-            format!("persistent, {}", e.precision.name()),
+            format!("persistent, {}", precision_name(e.mode.precision)),
             format!(
-                "{} B/param = weights {} + grads {} + fp32 master {} + AdamW m {} + v {} → {}",
+                "{} B/param = f32 weights {} (also the master copy) + f32 grads {} + AdamW m {} + v {} → {}",
                 p.total(),
                 p.weights,
                 p.grads,
-                p.master,
                 p.adam_m,
                 p.adam_v,
                 gb(e.persistent_bytes)
             ),
         ),
-        ("attention".into(), e.attention.describe().into()),
+        (
+            "16-bit weight copies".into(),
+            match p.low_precision_copy {
+                0 => "none (fp32)".into(),
+                b => format!(
+                    "{b} B × {} matmul weights, cast in the forward and kept for the backward{} → {}",
+                    e.matmul_params,
+                    if e.mode.checkpointing == CheckpointingKind::Blocks {
+                        " (checkpointing: one layer's and the head's at a time)"
+                    } else {
+                        ""
+                    },
+                    gb(e.low_precision_copy_bytes)
+                ),
+            },
+        ),
+        ("attention".into(), e.mode.attention.describe().into()),
         (
             "activations per layer".into(),
             format!(
@@ -119,7 +145,18 @@ fn table(e: &Estimate, config: &RunConfig) -> String {
         ),
         (
             "peak per device".into(),
-            format!("{} ({} with checkpointing)", gb(e.peak_bytes.0), gb(e.peak_bytes.1)),
+            match e.mode.checkpointing {
+                CheckpointingKind::None => {
+                    format!(
+                        "{} ({} with activation_checkpointing = \"blocks\")",
+                        gb(e.peak),
+                        gb(e.peak_bytes.1)
+                    )
+                }
+                CheckpointingKind::Blocks => {
+                    format!("{} with checkpointing ({} without)", gb(e.peak), gb(e.peak_bytes.0))
+                }
+            },
         ),
         (
             "FLOPs per token".into(),

@@ -26,21 +26,45 @@ fn estimate_gives_two_gigabytes_of_persistent_state_for_gpt2_124m() {
     // Fused attention and loss, one row of 1024 tokens: per layer 16 × 1024·768 × 4 B +
     // (2 LayerNorms × 2 + 12 heads) × 1024 × 4 B; final LayerNorm 2 × 3,145,728 + 2 × 4,096;
     // loss 2 × 1024·50304 × 4 B + 4,096.
-    assert_eq!(e["attention"], "fused");
+    assert_eq!(e["mode"]["attention"], "fused");
+    assert_eq!(e["mode"]["precision"], "fp32");
+    assert_eq!(e["mode"]["checkpointing"], "none");
+    assert_eq!(e["peak"], e["peak_bytes"][0]);
     assert_eq!(e["activations"]["attention_per_layer"], 0);
     assert_eq!(e["activations"]["total"], 12 * (50_331_648u64 + 65_536) + 6_299_648 + 412_094_464);
     let dropout =
         json(&ok(&["estimate", "--config", "gpt2.toml", "--json", "--set", "model.dropout=0.1"], dir.path()));
-    assert_eq!(dropout["attention"], "materialized");
+    assert_eq!(dropout["mode"]["attention"], "materialized");
     // 3 × 12 heads × 1024² × 4 B per layer: probabilities, dropout mask, dropped probabilities.
     assert_eq!(dropout["activations"]["attention_per_layer"], 3 * 12 * 1024 * 1024 * 4u64);
     let table = ok(&["estimate", "--config", "gpt2.toml"], dir.path());
     assert!(table.contains("attention  ") && table.contains("fused: keeps its output [B,T,H,Dh]"), "{table}");
     let table = ok(&["estimate", "--config", "gpt2.toml", "--precision", "bf16-mixed"], dir.path());
     assert!(
-        table.contains("16 B/param = weights 2 + grads 2 + fp32 master 4 + AdamW m 4 + v 4 → 1.992 GB"),
+        table.contains(
+            "16 B/param = f32 weights 4 (also the master copy) + f32 grads 4 + AdamW m 4 + v 4 → 1.992 GB"
+        ),
         "{table}"
     );
+    // 12 layers × 12·768² + the tied head 50304·768 = 123,568,128 matmul weights × 2 B.
+    assert!(table.contains("2 B × 123568128 matmul weights") && table.contains("→ 0.247 GB"), "{table}");
+    // The config's own modes: checkpointing picks the peak, a config's precision is used.
+    let blocks = [
+        &["estimate", "--config", "gpt2.toml", "--json"][..],
+        &["--set", "activation_checkpointing=\"blocks\""],
+    ]
+    .concat();
+    let b = json(&ok(&blocks, dir.path()));
+    assert_eq!(b["mode"]["checkpointing"], "blocks");
+    assert_eq!(b["peak"], b["peak_bytes"][1]);
+    assert!(b["peak"].as_u64().unwrap() < e["peak"].as_u64().unwrap());
+    let mixed = [&blocks[..], &["--set", "precision=\"fp16-mixed\""]].concat();
+    assert_eq!(json(&ok(&mixed, dir.path()))["per_param"]["low_precision_copy"], 2);
+    let err = fails(
+        &["estimate", "--config", "gpt2.toml", "--set", "activation_checkpointing=\"layers\""],
+        dir.path(),
+    );
+    assert!(err.contains("activation_checkpointing") && err.contains("blocks"), "{err}");
     for (flag, value) in [("--mfu", "0"), ("--mfu", "1.5"), ("--peak-flops", "0")] {
         let err = fails(&["estimate", "--config", "gpt2.toml", flag, value], dir.path());
         assert!(err.contains(&format!("{flag} {value}: expected")), "{err}");
@@ -57,6 +81,9 @@ fn bench_reports_its_precision() {
     let args = ["bench", "--config", "tiny.toml", "--steps", "1", "--warmup", "0", "--no-matmul-peak"];
     let text = ok(&[&args[..], &["--set", "precision=\"bf16-mixed\""]].concat(), dir.path());
     assert!(text.contains("precision        bf16-mixed"), "{text}");
+    assert!(text.contains("checkpointing    none"), "{text}");
+    let blocks = ok(&[&args[..], &["--set", "activation_checkpointing=\"blocks\""]].concat(), dir.path());
+    assert!(blocks.contains("checkpointing    blocks"), "{blocks}");
 }
 
 #[test]

@@ -65,9 +65,10 @@ pub fn split_qkv<B: Backend>(qkv: Tensor<B, 3>, n_head: usize) -> (Tensor<B, 4>,
     (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap())
 }
 
-/// The dropout to apply to the attention weights: only in training (autodiff) with `prob > 0`.
+/// The dropout to apply to the attention weights: only in training (autodiff, or a graph-free
+/// training pass) with `prob > 0` ([`crate::dropout::is_active`]).
 fn active<'a, B: Backend>(dropout: Option<&'a Dropout>, device: &B::Device) -> Option<&'a Dropout> {
-    dropout.filter(|d| d.prob > 0.0 && B::ad_enabled(device))
+    dropout.filter(|d| crate::dropout::is_active::<B>(d, device))
 }
 
 /// `[batch, seq, n_kv, d_head]` → `[batch, n_head, seq, d_head]`, each kv head repeated for its
@@ -102,7 +103,7 @@ pub fn attention_reference<B: Backend>(
     let mask = mask.unwrap_or_else(|| causal_mask::<B>(seq_q, seq_k, &scores.device()));
     let weights = softmax(scores.mask_fill(mask.expand([batch, n_head, seq_q, seq_k]), f32::NEG_INFINITY), 3);
     let weights = match dropout {
-        Some(dropout) => dropout.forward(weights),
+        Some(dropout) => crate::dropout::dropout(dropout, weights),
         None => weights,
     };
     weights.matmul(v)

@@ -32,6 +32,29 @@ pub trait Decoder<B: Backend> {
     /// Number of blocks (layers of the KV cache).
     fn n_layer(&self) -> usize;
 
+    /// The input of the first block, `tokens` `[batch, seq_len]` → `[batch, seq_len,
+    /// d_model]`: embeddings (GPT-2: plus position embeddings, then dropout), at positions from
+    /// 0 or restarting at each document (`packing`). With [`Decoder::block`] and
+    /// [`Decoder::final_norm`], the stages of [`Decoder::hidden`] without a cache, for callers
+    /// that run them apart ([`crate::checkpoint`]).
+    fn embed(&self, tokens: Tensor<B, 2, Int>, packing: Option<&Packing<B>>) -> Tensor<B, 3>;
+
+    /// What every block of a forward over `tokens` (`[batch, seq_len]`) reads besides its
+    /// input (Llama: the RoPE tables of the positions).
+    fn block_inputs(&self, tokens: &Tensor<B, 2, Int>, packing: Option<&Packing<B>>) -> BlockInputs<B>;
+
+    /// Block `layer` (from 0) without a cache: `[batch, seq_len, d_model]` → same.
+    fn block(
+        &self,
+        layer: usize,
+        x: Tensor<B, 3>,
+        inputs: &BlockInputs<B>,
+        packing: Option<&Packing<B>>,
+    ) -> Tensor<B, 3>;
+
+    /// The norm after the last block: `[batch, seq_len, d_model]` → same.
+    fn final_norm(&self, x: Tensor<B, 3>) -> Tensor<B, 3>;
+
     /// Context length: the most positions a sequence may have.
     fn block_size(&self) -> usize;
 
@@ -69,6 +92,15 @@ pub trait Decoder<B: Backend> {
     }
 }
 
+/// What the blocks of one forward share besides the residual stream: constants computed once
+/// from the positions ([`Decoder::block_inputs`]).
+#[derive(Clone, Debug)]
+pub struct BlockInputs<B: Backend> {
+    /// Llama's RoPE `(cos, sin)` tables, each `[1 or batch, seq_len, 1, d_head / 2]`; `None`
+    /// for GPT-2.
+    pub rope: Option<(Tensor<B, 4>, Tensor<B, 4>)>,
+}
+
 /// The positions of `tokens` (`[batch, seq_len]`): after the cached ones, or restarting at each
 /// document of a packed row; `[1 or batch, seq_len]`.
 ///
@@ -86,7 +118,8 @@ pub(crate) fn new_positions<B: Backend>(
 }
 
 /// Runs `n_layer` blocks over `x` (`[batch, seq_len, d_model]`), block `i` as
-/// `block(i, x, its layer of the cache)`, then marks the `seq_len` new positions as cached.
+/// `block(i, x, its layer of the cache)` in dropout stage `i + 1` ([`crate::dropout`]), then
+/// marks the `seq_len` new positions as cached.
 pub(crate) fn through_blocks<B: Backend>(
     mut x: Tensor<B, 3>,
     n_layer: usize,
@@ -96,6 +129,7 @@ pub(crate) fn through_blocks<B: Backend>(
     let seq_len = x.dims()[1];
     for layer in 0..n_layer {
         let layer_cache = cache.as_deref_mut().map(|cache| LayerCache { cache, layer });
+        crate::dropout::enter_stage(layer as u64 + 1);
         x = block(layer, x, layer_cache);
     }
     if let Some(cache) = cache {

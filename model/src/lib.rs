@@ -20,7 +20,9 @@
 #![warn(missing_docs)]
 
 pub mod attention;
+pub mod checkpoint;
 pub mod decoder;
+pub mod dropout;
 pub mod error;
 pub mod generate;
 pub mod gpt;
@@ -33,7 +35,9 @@ pub mod packing;
 pub mod precision;
 
 pub use attention::{attention_reference, causal_attention, KvCache};
-pub use decoder::Decoder;
+pub use checkpoint::{backward_checkpointed, ActivationCheckpointing};
+pub use decoder::{BlockInputs, Decoder};
+pub use dropout::with_dropout_seed;
 pub use error::ConfigError;
 pub use generate::{argmax, generate};
 pub use gpt::config::{GeluKind, GptConfig, PRESETS};

@@ -50,6 +50,13 @@ impl<B: Backend> Packing<B> {
     }
 }
 
+impl<B: burn::tensor::backend::AutodiffBackend> Packing<B> {
+    /// The same packing on the inner backend (no autodiff), for a forward without a graph.
+    pub fn inner(&self) -> Packing<B::InnerBackend> {
+        Packing { positions: self.positions.clone().inner(), mask: self.mask.clone().inner() }
+    }
+}
+
 /// Token positions `[batch or 1, seq_len]`: the packed documents' own positions, or else
 /// `start..start + seq_len` (after `start` cached positions) for every row.
 pub fn positions<B: Backend>(

@@ -35,7 +35,7 @@ pub mod runner;
 pub mod step;
 pub mod tools;
 
-pub use config::{BackendKind, ConfigError, OptimizerConfig, PrecisionKind, RunConfig};
+pub use config::{BackendKind, CheckpointingKind, ConfigError, OptimizerConfig, PrecisionKind, RunConfig};
 pub use error::TrainError;
 pub use runner::controls::Controls;
 pub use runner::{train, RunOptions, RunSummary};

@@ -210,3 +210,28 @@ fn any_rank_count_resumes_a_checkpoint() {
     let steps: Vec<u64> = records(&run_dir).iter().map(|r| r.step).collect();
     assert_eq!(steps, [1, 2, 3, 4, 5]);
 }
+
+#[test]
+fn two_ranks_recomputing_blocks_equal_one_rank_keeping_every_activation() {
+    let _g = serial();
+    assert_same_run(
+        &["devices=2", "micro_batch_size=2", "accumulation_steps=2", "activation_checkpointing=\"blocks\""],
+        &["micro_batch_size=2", "accumulation_steps=4"],
+    );
+}
+
+/// With dropout on, two in-process replicas (sharing burn-flex's one random stream) draw the
+/// same masks with and without checkpointing, micro-batch by micro-batch, with packed
+/// documents masked.
+#[test]
+fn checkpointing_composes_with_dropout_accumulation_and_document_masking_on_two_ranks() {
+    let _g = serial();
+    let common = [
+        "devices=2",
+        "micro_batch_size=2",
+        "accumulation_steps=2",
+        "model.dropout=0.2",
+        "document_masking=true",
+    ];
+    assert_same_run(&[&common[..], &["activation_checkpointing=\"blocks\""]].concat(), &common);
+}

@@ -84,14 +84,8 @@ pub fn for_run(run_dir: &Path, config: Option<&RunConfig>) -> Dashboard {
     if let Ok(vocab) = c.data_vocab() {
         let _ = c.resolve_vocab(vocab);
     }
-    let estimate = (c.model.vocab_size() > 0).then(|| {
-        ember_train::observe::accounting::estimate_run(
-            &c,
-            ember_train::observe::accounting::Precision::Fp32,
-            c.peak_flops,
-            0.4,
-        )
-    });
+    let estimate = (c.model.vocab_size() > 0)
+        .then(|| ember_train::observe::accounting::estimate_run(&c, c.peak_flops, 0.4));
     let params = estimate.as_ref().map_or(String::new(), |e| format!(" · {} params", e.params));
     let summary = format!(
         "{}{params} · {} tokens/step ({} × {} × {} ranks × {}) · lr {:.1e} · {:?}",

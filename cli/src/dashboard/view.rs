@@ -208,7 +208,12 @@ fn memory_lines(d: &Dashboard) -> Vec<Line<'static>> {
     let mb = |b: u64| format!("{:.1} MB", b as f64 / 1e6);
     let mut lines = Vec::new();
     if let Some(e) = &d.estimate {
-        lines.push(Line::raw(format!("estimate   {}", mb(e.peak_bytes.0))));
+        lines.push(Line::raw(format!("estimate   {}", mb(e.peak))));
+        let copy = match e.per_param.low_precision_copy {
+            0 => String::new(),
+            b => format!(" + {b} B/matmul weight (16-bit copy)"),
+        };
+        lines.push(Line::raw(format!("state      {} B/param{copy}", e.per_param.total())));
     }
     if let Some(rss) = d.last.as_ref().and_then(|r| r.rss_bytes) {
         lines.push(Line::raw(format!("RSS now    {}", mb(rss))));

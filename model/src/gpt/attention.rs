@@ -7,6 +7,7 @@ use burn::tensor::Tensor;
 
 use super::config::GptConfig;
 use crate::attention::{causal_attention, causal_attention_qkv, split_qkv, with_cache, LayerCache};
+use crate::dropout::dropout;
 use crate::packing::Packing;
 use crate::{init, ops};
 
@@ -60,6 +61,6 @@ impl<B: Backend> CausalSelfAttention<B> {
                 causal_attention(q, k, v, packing, Some(&self.attn_dropout))
             }
         }; // [B, T, H, Dh]
-        self.resid_dropout.forward(ops::linear(&self.c_proj, y.reshape([batch, seq_len, d_model])))
+        dropout(&self.resid_dropout, ops::linear(&self.c_proj, y.reshape([batch, seq_len, d_model])))
     }
 }

@@ -6,6 +6,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
 use super::config::{GeluKind, GptConfig};
+use crate::dropout::dropout;
 use crate::{init, ops};
 
 /// GPT-2's MLP (Radford et al. 2018 §3.1; Vaswani et al. 2017 eq. 2 with GELU):
@@ -36,6 +37,6 @@ impl<B: Backend> Mlp<B> {
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let kind = if self.exact_gelu { GeluKind::Erf } else { GeluKind::Tanh };
         let h = ops::gelu(ops::linear(&self.c_fc, x), kind); // fused: one pass, its own backward
-        self.dropout.forward(ops::linear(&self.c_proj, h))
+        dropout(&self.dropout, ops::linear(&self.c_proj, h))
     }
 }

@@ -8,7 +8,8 @@ use burn::tensor::{Int, Tensor};
 use super::block::{layer_norm, Block};
 use super::config::GptConfig;
 use crate::attention::KvCache;
-use crate::decoder::{new_positions, through_blocks, Decoder};
+use crate::decoder::{new_positions, through_blocks, BlockInputs, Decoder};
+use crate::dropout::dropout;
 use crate::error::ConfigError;
 use crate::init;
 use crate::ops::norm::layer_norm_module;
@@ -68,9 +69,31 @@ impl<B: Backend> Decoder<B> for Gpt<B> {
         packing: Option<&Packing<B>>,
     ) -> Tensor<B, 3> {
         let positions = new_positions(&tokens, &cache, packing, self.block_size);
-        let x = residual_add(self.wte.forward(tokens), self.wpe.forward(positions)); // [B, T, C] + [1 or B, T, C]
-        let x = self.drop.forward(x);
+        let x = self.embed_at(tokens, positions);
         let x = through_blocks(x, self.h.len(), cache, |i, x, cache| self.h[i].forward(x, cache, packing));
+        self.final_norm(x)
+    }
+
+    fn embed(&self, tokens: Tensor<B, 2, Int>, packing: Option<&Packing<B>>) -> Tensor<B, 3> {
+        let positions = new_positions(&tokens, &None, packing, self.block_size);
+        self.embed_at(tokens, positions)
+    }
+
+    fn block_inputs(&self, _tokens: &Tensor<B, 2, Int>, _packing: Option<&Packing<B>>) -> BlockInputs<B> {
+        BlockInputs { rope: None }
+    }
+
+    fn block(
+        &self,
+        layer: usize,
+        x: Tensor<B, 3>,
+        _inputs: &BlockInputs<B>,
+        packing: Option<&Packing<B>>,
+    ) -> Tensor<B, 3> {
+        self.h[layer].forward(x, None, packing)
+    }
+
+    fn final_norm(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         layer_norm_module(&self.ln_f, x, self.ln_eps)
     }
 
@@ -90,6 +113,14 @@ impl<B: Backend> Decoder<B> for Gpt<B> {
 }
 
 impl<B: Backend> Gpt<B> {
+    /// Token plus position embeddings of `tokens` at `positions` (`[1 or batch, seq_len]`),
+    /// then dropout (stage 0 of [`crate::dropout`]): `[batch, seq_len, d_model]`.
+    fn embed_at(&self, tokens: Tensor<B, 2, Int>, positions: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let x = residual_add(self.wte.forward(tokens), self.wpe.forward(positions)); // [B, T, C] + [1 or B, T, C]
+        crate::dropout::enter_stage(0);
+        dropout(&self.drop, x)
+    }
+
     /// Number of trainable parameters (a tied head counted once). Equals
     /// [`GptConfig::num_params`] of the config that built it.
     pub fn num_params(&self) -> usize {

@@ -9,7 +9,7 @@ use super::block::{rms_norm, LlamaLayer};
 use super::config::LlamaConfig;
 use super::rope::rope_tables;
 use crate::attention::KvCache;
-use crate::decoder::{new_positions, through_blocks, Decoder};
+use crate::decoder::{new_positions, through_blocks, BlockInputs, Decoder};
 use crate::error::ConfigError;
 use crate::init;
 use crate::ops::norm::rms_norm_module;
@@ -72,13 +72,35 @@ impl<B: Backend> Decoder<B> for Llama<B> {
         packing: Option<&Packing<B>>,
     ) -> Tensor<B, 3> {
         let positions = new_positions(&tokens, &cache, packing, self.block_size);
+        let (cos, sin) = self.rope(positions);
         let x = self.model.embed_tokens.forward(tokens);
-        let d_head = x.dims()[2] / self.n_head;
-        let (cos, sin) = rope_tables(positions, d_head, self.rope_theta);
         let layers = &self.model.layers;
         let x = through_blocks(x, layers.len(), cache, |i, x, cache| {
             layers[i].forward(x, cos.clone(), sin.clone(), cache, packing)
         });
+        self.final_norm(x)
+    }
+
+    fn embed(&self, tokens: Tensor<B, 2, Int>, _packing: Option<&Packing<B>>) -> Tensor<B, 3> {
+        self.model.embed_tokens.forward(tokens)
+    }
+
+    fn block_inputs(&self, tokens: &Tensor<B, 2, Int>, packing: Option<&Packing<B>>) -> BlockInputs<B> {
+        BlockInputs { rope: Some(self.rope(new_positions(tokens, &None, packing, self.block_size))) }
+    }
+
+    fn block(
+        &self,
+        layer: usize,
+        x: Tensor<B, 3>,
+        inputs: &BlockInputs<B>,
+        packing: Option<&Packing<B>>,
+    ) -> Tensor<B, 3> {
+        let (cos, sin) = inputs.rope.clone().expect("Llama's block inputs carry the RoPE tables");
+        self.model.layers[layer].forward(x, cos, sin, None, packing)
+    }
+
+    fn final_norm(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         rms_norm_module(&self.model.norm, x)
     }
 
@@ -93,5 +115,14 @@ impl<B: Backend> Decoder<B> for Llama<B> {
 
     fn block_size(&self) -> usize {
         self.block_size
+    }
+}
+
+impl<B: Backend> Llama<B> {
+    /// RoPE `(cos, sin)` tables of `positions` (`[1 or batch, seq_len]`) for this model's
+    /// head size and θ.
+    fn rope(&self, positions: Tensor<B, 2, Int>) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let d_head = self.model.embed_tokens.weight.dims()[1] / self.n_head;
+        rope_tables(positions, d_head, self.rope_theta)
     }
 }

@@ -23,7 +23,9 @@ mod vocab;
 
 pub use error::ConfigError;
 pub use parallel::{Devices, HostPort, ParallelConfig, Strategy};
-pub use schema::{BackendKind, OptimizerConfig, Origin, PrecisionKind, RunConfig, VocabSource};
+pub use schema::{
+    BackendKind, CheckpointingKind, OptimizerConfig, Origin, PrecisionKind, RunConfig, VocabSource,
+};
 pub use sentinel::{OnNonFinite, SentinelConfig, SpikeAction};
 
 #[cfg(test)]

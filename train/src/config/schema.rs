@@ -52,6 +52,29 @@ impl PrecisionKind {
     }
 }
 
+/// What the training forward keeps for the backward (`activation_checkpointing`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckpointingKind {
+    /// Every activation (default).
+    #[default]
+    None,
+    /// Only each Transformer block's input; the backward recomputes one block at a time
+    /// ([`ember_model::checkpoint`]): about one more forward of compute for activation memory
+    /// of one block instead of all.
+    Blocks,
+}
+
+impl CheckpointingKind {
+    /// The model's checkpointing mode.
+    pub fn mode(self) -> ember_model::ActivationCheckpointing {
+        match self {
+            CheckpointingKind::None => ember_model::ActivationCheckpointing::None,
+            CheckpointingKind::Blocks => ember_model::ActivationCheckpointing::Blocks,
+        }
+    }
+}
+
 /// Optimizer and learning-rate schedule (`[optimizer]` table). Defaults are nanoGPT's.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -146,6 +169,10 @@ pub struct RunConfig {
     /// Floating-point mode: `"fp32"` (default), `"bf16-mixed"` or `"fp16-mixed"`.
     #[serde(default, skip_serializing_if = "defaults::is_fp32")]
     pub precision: PrecisionKind,
+    /// Activation checkpointing: `"none"` (default) or `"blocks"` (keep each block's input
+    /// only, recompute the block in the backward).
+    #[serde(default, skip_serializing_if = "defaults::is_none")]
+    pub activation_checkpointing: CheckpointingKind,
     /// Peak FLOP/s of one device for MFU (default: the table of known GPUs; none on the CPU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_flops: Option<f64>,
@@ -186,8 +213,11 @@ pub struct RunConfig {
 }
 
 mod defaults {
-    use super::PrecisionKind;
+    use super::{CheckpointingKind, PrecisionKind};
 
+    pub fn is_none(c: &CheckpointingKind) -> bool {
+        *c == CheckpointingKind::None
+    }
     pub fn is_fp32(p: &PrecisionKind) -> bool {
         *p == PrecisionKind::Fp32
     }

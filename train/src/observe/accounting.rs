@@ -20,66 +20,85 @@
 //! adds `3·B·H·T²` per layer (probabilities, dropout mask, dropped probabilities) instead of the
 //! log-sum-exps, and each dropout keeps its mask (`2·B·T·d` per layer, `B·T·d` after the
 //! embeddings).
+//!
+//! The bytes are Ember's, not a textbook's: in the mixed modes only the matmuls run in 16 bits
+//! ([`ember_model::precision`]), so the weights and their gradients stay f32 (16 B/param as in
+//! fp32), each matmul keeps a 16-bit copy of its weight and of its input for the backward, and
+//! everything else stays f32 (see [`layer_bytes_per_row`]). With activation checkpointing
+//! (`"blocks"`) the forward keeps one f32 `[B, T, d]` input per layer and the backward
+//! rebuilds one layer at a time ([`Activations::total_checkpointed`]).
 
 use ember_model::ModelConfig;
 use serde::Serialize;
 
-use crate::config::{BackendKind, RunConfig};
+use crate::config::{BackendKind, CheckpointingKind, PrecisionKind, RunConfig};
 
-/// What the persistent state is stored in.
+/// What decides a run's bytes besides its shapes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Precision {
-    /// fp32 weights and gradients, fp32 AdamW moments (what Ember trains in today).
-    Fp32,
-    /// bf16 weights and gradients, an fp32 master copy, fp32 AdamW moments.
-    Bf16Mixed,
+pub struct Mode {
+    /// `precision`.
+    pub precision: PrecisionKind,
+    /// What training attention keeps.
+    pub attention: AttentionPath,
+    /// `activation_checkpointing`.
+    pub checkpointing: CheckpointingKind,
 }
 
-impl Precision {
-    /// Its name on the command line: `fp32` or `bf16-mixed`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Precision::Fp32 => "fp32",
-            Precision::Bf16Mixed => "bf16-mixed",
+impl Mode {
+    /// The mode `config` trains in.
+    pub fn of(config: &RunConfig) -> Self {
+        Self {
+            precision: config.precision,
+            attention: AttentionPath::of(&config.model),
+            checkpointing: config.activation_checkpointing,
         }
     }
 
-    /// Bytes per element of activations.
-    pub fn activation_bytes(self) -> u64 {
-        match self {
-            Precision::Fp32 => 4,
-            Precision::Bf16Mixed => 2,
+    /// f32, no checkpointing, attention on `model`'s training path.
+    pub fn fp32(model: &ModelConfig) -> Self {
+        Self {
+            precision: PrecisionKind::Fp32,
+            attention: AttentionPath::of(model),
+            checkpointing: CheckpointingKind::None,
         }
     }
 
-    /// Persistent bytes per parameter, by role.
-    pub fn per_param(self) -> PerParam {
-        match self {
-            Precision::Fp32 => PerParam { weights: 4, grads: 4, master: 0, adam_m: 4, adam_v: 4 },
-            Precision::Bf16Mixed => PerParam { weights: 2, grads: 2, master: 4, adam_m: 4, adam_v: 4 },
-        }
+    /// The matmuls run in 16 bits (bf16-mixed, fp16-mixed).
+    fn mixed(&self) -> bool {
+        self.precision != PrecisionKind::Fp32
     }
 }
 
-/// Persistent bytes per parameter (ZeRO §3.1): weights, gradients, fp32 master copy (mixed
-/// precision only) and the two AdamW moments.
+/// Bytes per parameter as Ember keeps them, by role (ZeRO §3.1's split). Ember's mixed modes
+/// cast the f32 weights at each matmul instead of storing 16-bit weights next to an f32 master
+/// copy, so the persistent state is 16 B/param in every mode; the textbook mixed split (2 B
+/// weights + 2 B gradients + 4 B master + 8 B moments) does not apply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct PerParam {
-    /// Weights, bytes.
+    /// Weights, bytes: f32, which are also the master weights in the mixed modes.
     pub weights: u64,
-    /// Gradients, bytes.
+    /// Gradients, bytes (f32: autodiff casts them back to the weight's dtype).
     pub grads: u64,
-    /// fp32 master weights, bytes (0 in fp32 training).
+    /// A separate master copy, bytes: 0 in every mode of Ember.
     pub master: u64,
     /// AdamW first moment, bytes.
     pub adam_m: u64,
     /// AdamW second moment, bytes.
     pub adam_v: u64,
+    /// The 16-bit copy of each matmul weight that the forward casts and the backward keeps
+    /// (mixed modes; 0 in fp32): bytes per *matmul* parameter, alive during the forward and
+    /// backward only, so not part of [`PerParam::total`].
+    pub low_precision_copy: u64,
 }
 
 impl PerParam {
-    /// Total bytes per parameter (16 for both precisions).
+    /// Ember's bytes per parameter in `precision`.
+    pub fn of(precision: PrecisionKind) -> Self {
+        let copy = if precision == PrecisionKind::Fp32 { 0 } else { 2 };
+        PerParam { weights: 4, grads: 4, master: 0, adam_m: 4, adam_v: 4, low_precision_copy: copy }
+    }
+
+    /// Persistent bytes per parameter: 16 in every mode.
     pub fn total(&self) -> u64 {
         self.weights + self.grads + self.master + self.adam_m + self.adam_v
     }
@@ -152,41 +171,46 @@ impl AttentionPath {
 }
 
 /// Activation memory of one optimizer micro-step, bytes. `B` batch, `T` seq_len, `d` d_model,
-/// `H` heads, `V` vocabulary, `L` layers; activations at the precision's bytes per element,
-/// per-row statistics in f32.
+/// `H` heads, `V` vocabulary, `L` layers; per-row statistics in f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Activations {
-    /// Retained activations of one layer: [`GPT2_LAYER_TENSORS`] (+
-    /// [`DROPOUT_MASKS_PER_LAYER`] with dropout) × `B·T·d` for GPT-2;
-    /// `B·T × (6·d + 2·kv + 3·d_ff)` for Llama (two RMSNorms' inputs and outputs, q after RoPE,
-    /// k after RoPE and v at `kv = n_kv_head·d_head` wide, the attention output, SwiGLU's gate
-    /// and up inputs and its output).
+    /// Retained activations of one layer: `B·T ×` [`layer_bytes_per_row`] (fp32 GPT-2:
+    /// [`GPT2_LAYER_TENSORS`] (+ [`DROPOUT_MASKS_PER_LAYER`] with dropout) × `d` f32; Llama:
+    /// `6·d + 2·kv + 3·d_ff` f32 — two RMSNorms' inputs and outputs, q after RoPE, k after
+    /// RoPE and v at `kv = n_kv_head·d_head` wide, the attention output, SwiGLU's gate and up
+    /// inputs and its output).
     pub per_layer: u64,
     /// Per-row f32 statistics of one layer: each norm's (LayerNorm: mean and 1/std, `2 × 2 ×
     /// B·T`; RMSNorm: 1/rms, `2 × B·T`) and, on the fused path, attention's log-sum-exp
     /// (`H × B·T`).
     pub row_stats_per_layer: u64,
-    /// The attention probabilities of one layer, `B·H·T²` elements, on the materialized path,
+    /// The attention probabilities of one layer, `B·H·T²` f32, on the materialized path,
     /// `3 × B·H·T²` with dropout (its mask and the dropped probabilities); 0 on the fused one.
     pub attention_per_layer: u64,
-    /// The embedding dropout's mask, `B·T·d` (0 without dropout).
+    /// The embedding dropout's f32 mask, `B·T·d` (0 without dropout).
     pub embedding_dropout: u64,
-    /// The final norm: its input and output (`2 × B·T·d`, the output being the LM head's
-    /// input) and its per-row statistics (`2 × B·T` f32 for GPT-2's LayerNorm, `B·T` for
-    /// Llama's RMSNorm).
+    /// The final norm: its f32 input and its output, the LM head's input (f32, or a 16-bit copy
+    /// in the mixed modes), and its per-row statistics (`2 × B·T` f32 for GPT-2's LayerNorm,
+    /// `B·T` for Llama's RMSNorm).
     pub final_norm: u64,
-    /// The loss: the logits `[B·T, V]` (the LM head's output, kept by the fused loss instead
-    /// of a log-softmax copy), their gradient (`[B·T, V]`, alive in the backward pass), and the
-    /// log-sum-exp of each row (`B·T` f32): `2 × B·T·V` elements `+ B·T` f32.
+    /// The loss: the f32 logits `[B·T, V]` (the LM head's output, kept by the fused loss
+    /// instead of a log-softmax copy), their f32 gradient (alive in the backward pass), and the
+    /// log-sum-exp of each row: `2 × B·T·V + B·T` f32 in every mode.
     pub logits: u64,
     /// All layers kept: `L × (per_layer + row_stats_per_layer + attention_per_layer) +
     /// embedding_dropout + final_norm + logits`.
     pub total: u64,
-    /// The backward pass's working set: the gradients of one layer's activations alive at
-    /// once, `per_layer + attention_per_layer`; part of the peak, not retained.
+    /// What the backward pass holds beyond the retained activations at its peak (part of the
+    /// peak, not retained). The gradients of a layer's activations take the place of the
+    /// activations its backward has consumed (measured on burn-flex: peak RSS = persistent +
+    /// activations within 1–4% in fp32, see the README), except the explicit attention's
+    /// `[B, H, T, T]` gradients: `attention_per_layer`. Mixed modes add `16 · d_ff` bytes per row, the
+    /// FFN's `d_ff`-wide gradient alive as four f32 tensors at once in its backward (the
+    /// matmul's f32 product before its cast to 16 bits, the cast back, the activation's input
+    /// gradient, and burn-flex's f32 conversion of its 16-bit copy for the weight gradient).
     pub backward_working_set: u64,
-    /// With activation checkpointing (one `[B, T, d]` input per layer kept, one layer
-    /// recomputed at a time): `L × B·T·d + per_layer + row_stats_per_layer +
+    /// With activation checkpointing (`"blocks"`: one f32 `[B, T, d]` input per layer kept,
+    /// one layer rebuilt at a time): `L × 4·B·T·d + per_layer + row_stats_per_layer +
     /// attention_per_layer + embedding_dropout + final_norm + logits`.
     pub total_checkpointed: u64,
 }
@@ -199,24 +223,31 @@ pub struct Estimate {
     /// Parameters without the learned position embeddings (Kaplan's N excludes embeddings;
     /// nanoGPT reports this count).
     pub params_without_positions: u64,
-    /// Precision of the persistent state.
-    pub precision: Precision,
-    /// What training attention is assumed to keep.
-    pub attention: AttentionPath,
-    /// Persistent bytes per parameter.
+    /// Parameters that are matmul weights (the linear layers and the LM head): those the mixed
+    /// modes cast to 16 bits.
+    pub matmul_params: u64,
+    /// Precision, attention path and checkpointing.
+    pub mode: Mode,
+    /// Bytes per parameter.
     pub per_param: PerParam,
-    /// Persistent bytes: parameters × bytes per parameter.
+    /// Persistent bytes: parameters × [`PerParam::total`].
     pub persistent_bytes: u64,
+    /// The 16-bit weight copies alive at the peak (mixed modes): every matmul weight's, or with
+    /// checkpointing one layer's and the LM head's.
+    pub low_precision_copy_bytes: u64,
     /// Activation bytes of one micro-batch.
     pub activations: Activations,
-    /// Peak bytes per device without and with activation checkpointing: persistent +
-    /// activations + the backward working set.
+    /// Peak bytes per device without and with activation checkpointing: persistent + 16-bit
+    /// weight copies + activations + the backward working set.
     pub peak_bytes: (u64, u64),
+    /// The peak of the run's own checkpointing mode (one of `peak_bytes`).
+    pub peak: u64,
     /// Training FLOPs per token: `6·N + 12·n_layer·d_model·seq_len`.
     pub flops_per_token: u64,
     /// Tokens per optimizer step (global batch).
     pub tokens_per_step: u64,
-    /// Training FLOPs per optimizer step.
+    /// Training FLOPs per optimizer step (model FLOPs: checkpointing's recompute not counted,
+    /// as for MFU).
     pub flops_per_step: f64,
     /// Seconds per optimizer step at `mfu` of `peak_flops` on every rank.
     pub step_seconds_at_mfu: Option<f64>,
@@ -238,17 +269,54 @@ struct Dims {
     d_model: u64,
     vocab: u64,
     positions: u64,
-    /// Elements per token (row) a layer retains.
-    layer_width: u64,
+    /// Matmul weights of one layer, and of the LM head (`V·d`, tied or not).
+    layer_matmul_params: u64,
+    /// Bytes per token (row) a layer retains.
+    layer_bytes: u64,
     /// Per-row f32 statistics per layer kept by its norms.
     norm_stats: u64,
     /// Per-row f32 statistics of the final norm.
     final_norm_stats: u64,
     /// Dropout is on (training keeps its masks).
     dropout: bool,
+    /// The FFN's hidden width (GPT-2: `4·d_model`).
+    d_ff: u64,
 }
 
-fn dims(model: &ModelConfig) -> Dims {
+/// Bytes per token (row of `[B, T, ·]`) that one layer keeps for its backward pass.
+///
+/// GPT-2 (see [`GPT2_LAYER_TENSORS`]), in units of `d`: fp32 keeps 16 f32 tensors, 64 B. In
+/// the mixed modes each matmul keeps a 16-bit copy of its input instead of sharing the f32
+/// tensor it was cast from: LayerNorm inputs 2 × 4 B and their normalized outputs 2 × 2 B (the
+/// f32 outputs die after the cast), q, k, v 3 × 4 B (the fused attention reads f32), the
+/// attention output 4 B (attention's backward) + 2 B (`c_proj`'s copy), GELU's input 4 × 4 B
+/// and its output 4 × 2 B: 54 B. Each dropout mask is f32 (4 B).
+///
+/// Llama: fp32 `4 × (6·d + 2·kv + 3·d_ff)`; mixed: RMSNorm inputs 2 × 4·d and outputs 2 × 2·d,
+/// q 4·d, k and v 2 × 4·kv, the attention output 4·d + 2·d, SwiGLU's f32 gate and up inputs
+/// 2 × 4·d_ff and its output 2·d_ff: `22·d + 8·kv + 10·d_ff`.
+pub fn layer_bytes_per_row(model: &ModelConfig, precision: PrecisionKind) -> u64 {
+    let mixed = precision != PrecisionKind::Fp32;
+    match model {
+        ModelConfig::Gpt2(c) => {
+            let d = c.d_model as u64;
+            let masks = if c.dropout > 0.0 { DROPOUT_MASKS_PER_LAYER * 4 * d } else { 0 };
+            (if mixed { 54 * d } else { GPT2_LAYER_TENSORS * 4 * d }) + masks
+        }
+        ModelConfig::Llama(c) => {
+            let (d, ff) = (c.d_model as u64, c.d_ff as u64);
+            let kv = (c.n_kv_head * c.d_model / c.n_head) as u64;
+            if mixed {
+                22 * d + 8 * kv + 10 * ff
+            } else {
+                4 * (6 * d + 2 * kv + 3 * ff)
+            }
+        }
+    }
+}
+
+fn dims(model: &ModelConfig, precision: PrecisionKind) -> Dims {
+    let layer_bytes = layer_bytes_per_row(model, precision);
     match model {
         ModelConfig::Gpt2(c) => Dims {
             n_layer: c.n_layer as u64,
@@ -256,38 +324,39 @@ fn dims(model: &ModelConfig) -> Dims {
             d_model: c.d_model as u64,
             vocab: c.vocab_size as u64,
             positions: (c.block_size * c.d_model) as u64,
-            layer_width: (GPT2_LAYER_TENSORS + if c.dropout > 0.0 { DROPOUT_MASKS_PER_LAYER } else { 0 })
-                * c.d_model as u64,
+            // c_attn 3d², attention c_proj d², c_fc 4d², MLP c_proj 4d².
+            layer_matmul_params: 12 * (c.d_model * c.d_model) as u64,
+            layer_bytes,
             norm_stats: 2 * ROW_STATS_PER_NORM,
             final_norm_stats: ROW_STATS_PER_NORM,
             dropout: c.dropout > 0.0,
+            d_ff: 4 * c.d_model as u64,
         },
         ModelConfig::Llama(c) => {
-            // Fused RMSNorm input and output (2 × d, twice), q and k after RoPE and v (d + 2·kv;
-            // RoPE's products keep only the shared cos/sin tables), the attention output, also
-            // o_proj's input (d), SwiGLU's gate and up inputs and its output (3 × d_ff).
             let d = c.d_model as u64;
             let kv = (c.n_kv_head * c.d_model / c.n_head) as u64;
-            let ff = c.d_ff as u64;
             Dims {
                 n_layer: c.n_layer as u64,
                 n_head: c.n_head as u64,
                 d_model: d,
                 vocab: c.vocab_size as u64,
                 positions: 0,
-                layer_width: 4 * d + d + 2 * kv + d + 3 * ff,
+                // q and o d², k and v d·kv, gate, up and down d·d_ff.
+                layer_matmul_params: 2 * d * d + 2 * d * kv + 3 * d * c.d_ff as u64,
+                layer_bytes,
                 norm_stats: 2,
                 final_norm_stats: 1,
                 dropout: false,
+                d_ff: c.d_ff as u64,
             }
         }
     }
 }
 
 /// Accounts `model` trained with micro-batches of `micro_batch` sequences of `seq_len` tokens,
-/// `tokens_per_step` tokens per optimizer step, in `precision`, with training attention on
-/// `attention`'s path (see [`Activations`] for each term). `peak_flops` (FLOP/s of one device)
-/// and `mfu` give the time per step on `world_size` devices.
+/// `tokens_per_step` tokens per optimizer step, in `mode` (see [`Activations`] for each term).
+/// `peak_flops` (FLOP/s of one device) and `mfu` give the time per step on `world_size`
+/// devices.
 #[allow(clippy::too_many_arguments)]
 pub fn estimate(
     model: &ModelConfig,
@@ -295,34 +364,38 @@ pub fn estimate(
     seq_len: u64,
     tokens_per_step: u64,
     world_size: u64,
-    precision: Precision,
-    attention: AttentionPath,
+    mode: Mode,
     peak_flops: Option<f64>,
     mfu: f64,
 ) -> Estimate {
-    let d = dims(model);
+    let d = dims(model, mode.precision);
     let params = model.num_params() as u64;
-    let per_param = precision.per_param();
+    let per_param = PerParam::of(mode.precision);
     let persistent_bytes = params * per_param.total();
-    let bytes = precision.activation_bytes();
     let rows = micro_batch * seq_len; // B·T
-    let btd = rows * d.d_model * bytes;
-    let per_layer = rows * d.layer_width * bytes;
-    let (lse_per_row, attention_per_layer) = match attention {
+    let btd = rows * d.d_model * 4; // one f32 [B, T, d]
+    let per_layer = rows * d.layer_bytes;
+    let (lse_per_row, attention_per_layer) = match mode.attention {
         AttentionPath::Fused => (d.n_head, 0),
         AttentionPath::Materialized => {
             let copies = if d.dropout { 3 } else { 1 };
-            (0, copies * micro_batch * d.n_head * seq_len * seq_len * bytes)
+            (0, copies * micro_batch * d.n_head * seq_len * seq_len * 4)
         }
     };
     let embedding_dropout = if d.dropout { btd } else { 0 };
     let row_stats_per_layer = (d.norm_stats + lse_per_row) * rows * STAT_BYTES;
-    let final_norm = 2 * btd + d.final_norm_stats * rows * STAT_BYTES;
-    let logits = 2 * rows * d.vocab * bytes + rows * STAT_BYTES;
+    let head_input = if mode.mixed() { btd / 2 } else { btd };
+    let final_norm = btd + head_input + d.final_norm_stats * rows * STAT_BYTES;
+    let logits = 2 * rows * d.vocab * 4 + rows * STAT_BYTES;
     let layer = per_layer + row_stats_per_layer + attention_per_layer;
     let total = d.n_layer * layer + embedding_dropout + final_norm + logits;
     let total_checkpointed = d.n_layer * btd + layer + embedding_dropout + final_norm + logits;
-    let backward_working_set = per_layer + attention_per_layer;
+    let backward_working_set = attention_per_layer + if mode.mixed() { 16 * d.d_ff * rows } else { 0 };
+    let head_params = d.vocab * d.d_model;
+    let matmul_params = d.n_layer * d.layer_matmul_params + head_params;
+    // With checkpointing a layer's copies live from its recompute to its backward only.
+    let copy = |weights: u64| weights * per_param.low_precision_copy;
+    let (copies_none, copies_blocks) = (copy(matmul_params), copy(d.layer_matmul_params + head_params));
     let activations = Activations {
         per_layer,
         row_stats_per_layer,
@@ -334,21 +407,25 @@ pub fn estimate(
         backward_working_set,
         total_checkpointed,
     };
+    let peak_bytes = (
+        persistent_bytes + copies_none + total + backward_working_set,
+        persistent_bytes + copies_blocks + total_checkpointed + backward_working_set,
+    );
+    let blocks = mode.checkpointing == CheckpointingKind::Blocks;
     let flops_per_token = 6 * params + 12 * d.n_layer * d.d_model * seq_len;
     let flops_per_step = flops_per_token as f64 * tokens_per_step as f64;
     let chinchilla_tokens = 20 * params;
     Estimate {
         params,
         params_without_positions: params - d.positions,
-        precision,
-        attention,
+        matmul_params,
+        mode,
         per_param,
         persistent_bytes,
+        low_precision_copy_bytes: if blocks { copies_blocks } else { copies_none },
         activations,
-        peak_bytes: (
-            persistent_bytes + total + backward_working_set,
-            persistent_bytes + total_checkpointed + backward_working_set,
-        ),
+        peak_bytes,
+        peak: if blocks { peak_bytes.1 } else { peak_bytes.0 },
         flops_per_token,
         tokens_per_step,
         flops_per_step,
@@ -360,9 +437,9 @@ pub fn estimate(
     }
 }
 
-/// [`estimate`] for a run configuration: its micro-batch, context, global batch and world size,
-/// attention on the path training takes ([`AttentionPath::of`]).
-pub fn estimate_run(config: &RunConfig, precision: Precision, peak_flops: Option<f64>, mfu: f64) -> Estimate {
+/// [`estimate`] for a run configuration: its micro-batch, context, global batch, world size
+/// and [`Mode`] (precision, attention path, checkpointing).
+pub fn estimate_run(config: &RunConfig, peak_flops: Option<f64>, mfu: f64) -> Estimate {
     let world = config.world_size();
     estimate(
         &config.model,
@@ -370,8 +447,7 @@ pub fn estimate_run(config: &RunConfig, precision: Precision, peak_flops: Option
         config.model.block_size() as u64,
         config.tokens_per_step(world) as u64,
         world as u64,
-        precision,
-        AttentionPath::of(&config.model),
+        Mode::of(config),
         peak_flops,
         mfu,
     )
@@ -408,18 +484,56 @@ pub fn known_peak_flops(device: &str) -> Option<f64> {
 mod tests {
     use super::*;
 
+    fn mode(precision: PrecisionKind, attention: AttentionPath) -> Mode {
+        Mode { precision, attention, checkpointing: CheckpointingKind::None }
+    }
+
+    /// The activations of `model` at shakespeare-char's shapes: 12 rows of 64 tokens.
+    fn shakespeare_activations(
+        model: &ModelConfig,
+        precision: PrecisionKind,
+        attention: AttentionPath,
+    ) -> Activations {
+        estimate(model, 12, 64, 768, 1, mode(precision, attention), None, 0.4).activations
+    }
+
     #[test]
     fn gpt2_124m_needs_about_two_gigabytes_of_persistent_state() {
         let model = ModelConfig::preset("gpt2").unwrap();
-        let e = estimate(&model, 1, 1024, 1024, 1, Precision::Fp32, AttentionPath::Fused, None, 0.4);
+        let e =
+            estimate(&model, 1, 1024, 1024, 1, mode(PrecisionKind::Fp32, AttentionPath::Fused), None, 0.4);
         assert_eq!(e.params, 124_475_904);
         assert_eq!(e.params_without_positions, 124_475_904 - 1024 * 768);
         assert_eq!(e.per_param.total(), 16);
         assert_eq!(e.persistent_bytes, 124_475_904 * 16); // 1.99 GB
         assert!((e.persistent_bytes as f64 / 1e9 - 1.99).abs() < 0.01);
-        let mixed = estimate(&model, 1, 1024, 1024, 1, Precision::Bf16Mixed, AttentionPath::Fused, None, 0.4);
-        assert_eq!(mixed.per_param, PerParam { weights: 2, grads: 2, master: 4, adam_m: 4, adam_v: 4 });
+        let mixed = estimate(
+            &model,
+            1,
+            1024,
+            1024,
+            1,
+            mode(PrecisionKind::Bf16Mixed, AttentionPath::Fused),
+            None,
+            0.4,
+        );
+        // Ember's mixed modes keep f32 weights (the master copy) and f32 gradients: 16 B/param
+        // as in fp32, not the textbook 2 + 2 + 4 + 8, plus a bf16 copy of each matmul weight
+        // (12 layers × 12·768² + the tied head 50304·768 (the preset pads the vocabulary)) during the forward and backward.
+        assert_eq!(
+            mixed.per_param,
+            PerParam { weights: 4, grads: 4, master: 0, adam_m: 4, adam_v: 4, low_precision_copy: 2 }
+        );
         assert_eq!(mixed.persistent_bytes, e.persistent_bytes);
+        assert_eq!(mixed.matmul_params, 12 * 12 * 768 * 768 + 50_304 * 768);
+        assert_eq!(mixed.low_precision_copy_bytes, 2 * mixed.matmul_params);
+        assert_eq!(e.low_precision_copy_bytes, 0);
+        // With checkpointing only one layer's copies and the head's are alive at once.
+        let blocks = Mode { checkpointing: CheckpointingKind::Blocks, ..mixed.mode };
+        let mixed_blocks = estimate(&model, 1, 1024, 1024, 1, blocks, None, 0.4);
+        assert_eq!(mixed_blocks.low_precision_copy_bytes, 2 * (12 * 768 * 768 + 50_304 * 768));
+        assert_eq!(mixed_blocks.peak, mixed_blocks.peak_bytes.1);
+        assert_eq!(mixed.peak, mixed.peak_bytes.0);
     }
 
     #[test]
@@ -428,8 +542,17 @@ mod tests {
         let mut model = ModelConfig::preset("shakespeare-char").unwrap();
         model.set_vocab_size(66);
         assert_eq!(AttentionPath::of(&model), AttentionPath::Fused, "no dropout");
-        let e = estimate(&model, 12, 64, 768, 1, Precision::Fp32, AttentionPath::Fused, Some(100e9), 0.5);
-        assert_eq!(e.attention, AttentionPath::Fused);
+        let e = estimate(
+            &model,
+            12,
+            64,
+            768,
+            1,
+            mode(PrecisionKind::Fp32, AttentionPath::Fused),
+            Some(100e9),
+            0.5,
+        );
+        assert_eq!(e.mode.attention, AttentionPath::Fused);
         // Parameters: 66·128 + 64·128 + 4·(2·128 + 12·128²) + 128 = 804,224.
         assert_eq!(e.params, 804_224);
         // B·T = 12·64 = 768 rows; B·T·d = 98,304 elements = 393,216 B.
@@ -447,10 +570,11 @@ mod tests {
         assert_eq!(a.total, 26_465_280);
         // Checkpointed: 4 layer inputs (393,216 B each) + one layer + final norm + loss.
         assert_eq!(a.total_checkpointed, 1_572_864 + 6_316_032 + 792_576 + 408_576);
-        assert_eq!(a.backward_working_set, 6_291_456);
-        // Peak: 16 B × 804,224 = 12,867,584 + activations + one layer's gradients.
-        assert_eq!(e.peak_bytes.0, 12_867_584 + 26_465_280 + 6_291_456); // 45.6 MB
-        assert_eq!(e.peak_bytes.1, 12_867_584 + 9_090_048 + 6_291_456);
+        assert_eq!(a.backward_working_set, 0, "fp32");
+        // Peak: 16 B × 804,224 = 12,867,584 + activations.
+        assert_eq!(e.peak_bytes.0, 12_867_584 + 26_465_280); // 39.3 MB
+        assert_eq!(e.peak_bytes.1, 12_867_584 + 9_090_048);
+        assert_eq!(e.peak, e.peak_bytes.0, "the run keeps every activation");
         // FLOPs/token: 6·804,224 + 12·4·128·64 = 4,825,344 + 393,216.
         assert_eq!(e.flops_per_token, 5_218_560);
         assert_eq!(e.flops_per_step, 5_218_560.0 * 768.0);
@@ -470,8 +594,7 @@ mod tests {
         let ModelConfig::Gpt2(c) = &mut model else { unreachable!() };
         c.dropout = 0.2;
         assert_eq!(AttentionPath::of(&model), AttentionPath::Materialized);
-        let a = estimate(&model, 12, 64, 768, 1, Precision::Fp32, AttentionPath::Materialized, None, 0.4)
-            .activations;
+        let a = shakespeare_activations(&model, PrecisionKind::Fp32, AttentionPath::Materialized);
         // (16 + 2 dropout masks) × 393,216 B = 7,077,888; probabilities, their dropout mask and
         // the dropped probabilities: 3 × 12·4·64² × 4 B = 2,359,296; no log-sum-exp, so the
         // per-row statistics are the LayerNorms' only: 4 × 768 × 4 B = 12,288; the embedding
@@ -481,20 +604,24 @@ mod tests {
         assert_eq!(a.row_stats_per_layer, 12_288);
         assert_eq!(a.embedding_dropout, 393_216);
         assert_eq!(a.total, 4 * (7_077_888 + 12_288 + 2_359_296) + 393_216 + 792_576 + 408_576); // 39,392,256
-        assert_eq!(a.backward_working_set, 7_077_888 + 2_359_296);
+        assert_eq!(a.backward_working_set, 2_359_296, "the attention probabilities' gradients");
         // Without dropout the explicit path keeps the probabilities once: 786,432.
         if let ModelConfig::Gpt2(c) = &mut model {
             c.dropout = 0.0;
         }
-        let a = estimate(&model, 12, 64, 768, 1, Precision::Fp32, AttentionPath::Materialized, None, 0.4)
-            .activations;
+        let a = shakespeare_activations(&model, PrecisionKind::Fp32, AttentionPath::Materialized);
         assert_eq!((a.per_layer, a.attention_per_layer, a.embedding_dropout), (6_291_456, 786_432, 0));
-        // In bf16 the activations halve; the f32 statistics do not.
-        let half = estimate(&model, 12, 64, 768, 1, Precision::Bf16Mixed, AttentionPath::Fused, None, 0.4)
-            .activations;
-        assert_eq!(half.per_layer, 6_291_456 / 2);
-        assert_eq!(half.row_stats_per_layer, 24_576);
-        assert_eq!(half.logits, 405_504 / 2 + 3_072);
+        // bf16-mixed keeps 54 B per row and unit of d instead of 64 (layer_bytes_per_row):
+        // 768 rows × 54 × 128 = 5,308,416; the f32 statistics and the f32 logits stay; the
+        // final norm keeps its f32 input and a bf16 copy of its output: 393,216 + 196,608 +
+        // 6,144.
+        let mixed = shakespeare_activations(&model, PrecisionKind::Bf16Mixed, AttentionPath::Fused);
+        assert_eq!(mixed.per_layer, 5_308_416);
+        assert_eq!(mixed.row_stats_per_layer, 24_576);
+        assert_eq!(mixed.logits, 408_576);
+        assert_eq!(mixed.final_norm, 595_968);
+        // Four f32 copies of the MLP's 512-wide gradient per row: 16 × 512 × 768 = 6,291,456.
+        assert_eq!(mixed.backward_working_set, 6_291_456);
     }
 
     #[test]
@@ -502,7 +629,8 @@ mod tests {
         // llama-tiny: 2 layers, 4 heads, 2 kv heads, d 32 (d_head 8, kv 16), d_ff 88, vocab 64.
         let model = ModelConfig::preset("llama-tiny").unwrap();
         assert_eq!(AttentionPath::of(&model), AttentionPath::Fused);
-        let a = estimate(&model, 2, 16, 32, 1, Precision::Fp32, AttentionPath::Fused, None, 0.4).activations;
+        let a = estimate(&model, 2, 16, 32, 1, mode(PrecisionKind::Fp32, AttentionPath::Fused), None, 0.4)
+            .activations;
         // 32 rows × (6·32 + 2·16 + 3·88 = 488) × 4 B = 62,464; statistics (2 RMSNorms' 1/rms +
         // 4 heads' log-sum-exp) × 32 × 4 B = 768.
         assert_eq!(a.per_layer, 62_464);

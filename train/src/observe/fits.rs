@@ -12,7 +12,7 @@
 use crate::config::{BackendKind, RunConfig};
 use crate::error::TrainError;
 
-use super::accounting::{estimate_run, Precision};
+use super::accounting::estimate_run;
 
 /// Memory a run can use, and where the number comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,10 +23,10 @@ pub struct Available {
     pub source: String,
 }
 
-/// Bytes the run of `config` needs in this process: `ember estimate`'s peak per replica (fp32,
-/// no activation checkpointing) times the replicas of this process.
+/// Bytes the run of `config` needs in this process: `ember estimate`'s peak per replica (in the
+/// run's precision and checkpointing mode) times the replicas of this process.
 pub fn needed_bytes(config: &RunConfig) -> u64 {
-    let peak = estimate_run(config, Precision::Fp32, None, 0.4).peak_bytes.0;
+    let peak = estimate_run(config, None, 0.4).peak;
     peak.saturating_mul(config.devices.indices(config.device).len() as u64)
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::config::RunConfig;
-use crate::observe::accounting::{estimate_run, Precision};
+use crate::observe::accounting::estimate_run;
 use crate::observe::device::rss_bytes;
 use crate::observe::metrics::TrainRecord;
 use crate::step::{GradSync, LossScaler, SentinelState, StepOutput};
@@ -80,7 +80,7 @@ impl Meter {
             session_tokens: 0,
             session_step_s: 0.0,
             processed: config.tokens_per_step(world_size) as u64,
-            flops_per_token: estimate_run(config, Precision::Fp32, None, 1.0).flops_per_token as f64,
+            flops_per_token: estimate_run(config, None, 1.0).flops_per_token as f64,
             peak_flops,
             world_size,
             bytes_per_step: sync.bytes_per_exchange(num_params) as u64,

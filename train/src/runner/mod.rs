@@ -184,6 +184,9 @@ fn describe<B: AutodiffBackend>(
             "precision: fp16-mixed (matmuls in half precision from f32 weights, f32 elsewhere; dynamic loss scaling, 2^16 at the start of a run, a checkpoint's scale on resume)",
         ),
     }
+    if config.activation_checkpointing == crate::config::CheckpointingKind::Blocks {
+        log("activation checkpointing: blocks (the forward keeps each block's input; the backward recomputes one block at a time)");
+    }
     log(&format!(
         "data: {} ({} train / {} val tokens, vocabulary {})",
         data.dir.display(),

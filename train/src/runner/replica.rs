@@ -154,6 +154,8 @@ fn train_loop<B: AutodiffBackend>(
             timed: logging,
             precision: config.precision.mode(),
             loss_scale: LossScaler::scale_of(scaler.as_ref()),
+            checkpointing: config.activation_checkpointing.mode(),
+            dropout_seed: step_seed(config.seed, step),
         };
         // 2–6. Forward, loss, backward, gradient sync, clip and AdamW.
         let (next, out) = train_step(

@@ -38,7 +38,7 @@ pub use sentinel::{Anomaly, Judgement, Sentinel, SentinelState};
 pub use sync::{Contribution, Exchanged, GradSync, Solo};
 pub use train_step::{
     accumulate, accumulate_in, batch_nll, forward_backward, global_gradients, loss_multiplier,
-    optimizer_step, train_step, GlobalGradients, StepOutput, StepSettings, StepTarget, Trainee,
+    optimizer_step, train_step, GlobalGradients, Passes, StepOutput, StepSettings, StepTarget, Trainee,
 };
 
 /// The value of a `[1]` tensor, read back to the host (a device sync).

@@ -7,7 +7,11 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::Tensor;
 use ember_data::Batch;
-use ember_model::{autocast, LanguageModel, Packing, Precision};
+use ember_model::dropout::stage_seed;
+use ember_model::{
+    autocast, backward_checkpointed, with_dropout_seed, ActivationCheckpointing, LanguageModel, Packing,
+    Precision,
+};
 
 use super::batch::to_tensors;
 use super::loss::nll_sum;
@@ -80,6 +84,15 @@ pub struct StepSettings {
     /// mean loss), and the gradients are divided by it again before clipping. When it is not 1,
     /// a step whose gradient is not finite is skipped (an overflow, not judged by the sentinel).
     pub loss_scale: f64,
+    /// What the forward keeps for the backward: everything, or each block's input only
+    /// (recomputing each block in the backward): `[run] activation_checkpointing`.
+    pub checkpointing: ActivationCheckpointing,
+    /// The seed of this step's dropout masks: micro-batch `i` of the global batch (rank `r`'s
+    /// micro-batch `j` is `i = r · micro-batches per rank + j`) draws them from
+    /// `stage_seed(dropout_seed, i)`, each stage of the model from a seed of its own
+    /// ([`ember_model::dropout`]) — the same with and without checkpointing, and the same for 2
+    /// ranks × 1 micro-batch as for 1 rank × 2.
+    pub dropout_seed: u64,
 }
 
 impl StepSettings {
@@ -95,6 +108,49 @@ impl StepSettings {
             timed: false,
             precision: Precision::Fp32,
             loss_scale: 1.0,
+            checkpointing: ActivationCheckpointing::None,
+            dropout_seed: step,
+        }
+    }
+}
+
+/// How one rank runs the forward and backward passes of its micro-batches.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Passes {
+    /// The matmuls' floating-point mode ([`StepSettings::precision`]).
+    pub precision: Precision,
+    /// Whole graph or per-block recompute ([`StepSettings::checkpointing`]).
+    pub checkpointing: ActivationCheckpointing,
+    /// The backward runs on Σ NLL × this ([`loss_multiplier`]).
+    pub multiplier: f64,
+    /// The step's dropout seed ([`StepSettings::dropout_seed`]).
+    pub dropout_seed: u64,
+    /// The index of this rank's first micro-batch in the global batch (rank × micro-batches
+    /// per rank).
+    pub first_micro_batch: usize,
+}
+
+impl Passes {
+    /// f32, the whole graph, the plain Σ NLL, dropout seed 0.
+    pub fn fp32() -> Self {
+        Self {
+            precision: Precision::Fp32,
+            checkpointing: ActivationCheckpointing::None,
+            multiplier: 1.0,
+            dropout_seed: 0,
+            first_micro_batch: 0,
+        }
+    }
+
+    /// The passes of `settings`'s step on rank `rank` of `world_size`, whose micro-batches are
+    /// `micro_batches` (every rank has as many).
+    pub fn of_step(settings: &StepSettings, micro_batches: &[Batch], rank: usize, world_size: usize) -> Self {
+        Self {
+            precision: settings.precision,
+            checkpointing: settings.checkpointing,
+            multiplier: loss_multiplier(settings.loss_scale, micro_batches, world_size),
+            dropout_seed: settings.dropout_seed,
+            first_micro_batch: rank * micro_batches.len(),
         }
     }
 }
@@ -241,20 +297,19 @@ pub fn accumulate<B: AutodiffBackend>(
     micro_batches: &[Batch],
     device: &B::Device,
 ) -> (GradientsParams, Tensor<B::InnerBackend, 1>, usize) {
-    accumulate_in(model, micro_batches, Precision::Fp32, 1.0, device)
+    accumulate_in(model, micro_batches, Passes::fp32(), device)
 }
 
-/// [`accumulate`] with the forward passes in `precision` and the backward of Σ NLL × `multiplier`
-/// (see [`loss_multiplier`]): the gradient returned is `multiplier · ∇ Σ NLL`.
+/// [`accumulate`] run as `passes` says: the forward passes in its precision, with or without
+/// checkpointing, and the backward of Σ NLL × `passes.multiplier` (see [`loss_multiplier`]):
+/// the gradient returned is `multiplier · ∇ Σ NLL`.
 pub fn accumulate_in<B: AutodiffBackend>(
     model: &LanguageModel<B>,
     micro_batches: &[Batch],
-    precision: Precision,
-    multiplier: f64,
+    passes: Passes,
     device: &B::Device,
 ) -> (GradientsParams, Tensor<B::InnerBackend, 1>, usize) {
-    let (grads, nll, tokens, _) =
-        accumulate_timed(model, micro_batches, false, precision, multiplier, device);
+    let (grads, nll, tokens, _) = accumulate_timed(model, micro_batches, false, passes, device);
     (grads, nll, tokens)
 }
 
@@ -313,28 +368,58 @@ fn accumulate_timed<B: AutodiffBackend>(
     model: &LanguageModel<B>,
     micro_batches: &[Batch],
     timed: bool,
-    precision: Precision,
-    multiplier: f64,
+    passes: Passes,
     device: &B::Device,
 ) -> (GradientsParams, Tensor<B::InnerBackend, 1>, usize, PassTimes) {
     let mut accumulator = GradientsAccumulator::new();
     let mut nll_total: Option<Tensor<B::InnerBackend, 1>> = None;
     let mut times = PassTimes::default();
     let mut clock = Stopwatch::<B>::start(timed, device);
-    for batch in micro_batches {
-        // 2. Forward: logits for every position (teacher forcing), [B, T, V]; rows that pack
-        //    several documents attend within each document only when masking is on.
-        // 3. Loss: Σ NLL over this micro-batch's scored targets (normalized after the sync).
-        //    The matmuls run in `precision` (f32 weights cast at their use, f32 elsewhere).
-        let nll = autocast(precision, || batch_nll(model, batch, device));
-        clock.lap(&mut times.forward);
-        // 4. Backward (of Σ NLL × the loss multiplier under fp16-mixed); Burn's accumulator
-        //    sums the micro-steps' gradients.
-        let scaled = if multiplier == 1.0 { nll.clone() } else { nll.clone().mul_scalar(multiplier) };
-        let grads = GradientsParams::from_grads(scaled.backward(), model);
-        accumulator.accumulate(model, grads);
+    let multiplier = passes.multiplier;
+    for (i, batch) in micro_batches.iter().enumerate() {
+        // The matmuls run in `precision` (f32 weights cast at their use, f32 elsewhere); each
+        // stage of the model draws its dropout masks from a seed of its own.
+        let seed = stage_seed(passes.dropout_seed, (passes.first_micro_batch + i) as u64);
+        let detached = with_dropout_seed(seed, || {
+            autocast(passes.precision, || match passes.checkpointing {
+                ActivationCheckpointing::None => {
+                    // 2. Forward: logits for every position (teacher forcing), [B, T, V]; rows
+                    //    that pack several documents attend within each document only when
+                    //    masking is on.
+                    // 3. Loss: Σ NLL over this micro-batch's scored targets (normalized after
+                    //    the sync).
+                    let nll = batch_nll(model, batch, device);
+                    clock.lap(&mut times.forward);
+                    // 4. Backward (of Σ NLL × the loss multiplier under fp16-mixed); Burn's
+                    //    accumulator sums the micro-steps' gradients.
+                    let scaled =
+                        if multiplier == 1.0 { nll.clone() } else { nll.clone().mul_scalar(multiplier) };
+                    accumulator.accumulate(model, GradientsParams::from_grads(scaled.backward(), model));
+                    nll.inner()
+                }
+                // 2–4 with per-block recompute: a forward without a graph, then each stage's
+                // forward again and its backward, last block first; every stage's parameter
+                // gradients go to the accumulator. (The recompute counts as backward time.)
+                ActivationCheckpointing::Blocks => {
+                    let (inputs, targets, packing) = batch_inputs::<B>(batch, device);
+                    let mut first = true;
+                    backward_checkpointed(
+                        model,
+                        inputs,
+                        packing.as_ref(),
+                        |logits| nll_sum(logits, targets),
+                        multiplier,
+                        |grads| {
+                            if std::mem::take(&mut first) {
+                                clock.lap(&mut times.forward);
+                            }
+                            accumulator.accumulate(model, GradientsParams::from_grads(grads, model));
+                        },
+                    )
+                }
+            })
+        });
         clock.lap(&mut times.backward);
-        let detached = nll.inner();
         nll_total = Some(match nll_total {
             Some(sum) => sum + detached,
             None => detached,
@@ -384,9 +469,10 @@ pub fn global_gradients<B: AutodiffBackend>(
 ) -> Result<GlobalGradients<B>, TrainError> {
     let started = Instant::now();
     // fp16-mixed: Σ NLL × scale ÷ (input positions of the global batch); exactly 1 otherwise.
-    let multiplier = loss_multiplier(settings.loss_scale, micro_batches, sync.world_size());
+    let passes = Passes::of_step(settings, micro_batches, sync.rank(), sync.world_size());
+    let multiplier = passes.multiplier;
     let (grads, nll_sum, tokens, passes) =
-        accumulate_timed(model, micro_batches, settings.timed, settings.precision, multiplier, device);
+        accumulate_timed(model, micro_batches, settings.timed, passes, device);
     let mut memory = None;
     if settings.timed {
         let _ = B::sync(device);
@@ -443,13 +529,25 @@ pub fn forward_backward<B: AutodiffBackend>(
 /// Σ NLL (nats) over the scored targets of `batch`: forward (with document masking when the
 /// batch carries segments) and [`nll_sum`]. A `[1]` tensor.
 pub fn batch_nll<B: Backend>(model: &LanguageModel<B>, batch: &Batch, device: &B::Device) -> Tensor<B, 1> {
-    let (inputs, targets) = to_tensors::<B>(batch, device);
-    let logits = match &batch.segments {
-        Some(segments) => {
-            let packing = Packing::from_segments(segments, batch.batch_size, batch.seq_len, device);
-            model.forward_packed(inputs, &packing)
-        }
+    let (inputs, targets, packing) = batch_inputs::<B>(batch, device);
+    let logits = match &packing {
+        Some(packing) => model.forward_packed(inputs, packing),
         None => model.forward(inputs),
     };
     nll_sum(logits, targets)
+}
+
+/// A micro-batch on the device: inputs and targets `[batch, seq_len]`, and its documents'
+/// packing.
+type BatchTensors<B> = (Tensor<B, 2, burn::tensor::Int>, Tensor<B, 2, burn::tensor::Int>, Option<Packing<B>>);
+
+/// `batch` on `device`: inputs and targets `[batch, seq_len]`, and its documents' packing
+/// when it carries segments.
+fn batch_inputs<B: Backend>(batch: &Batch, device: &B::Device) -> BatchTensors<B> {
+    let (inputs, targets) = to_tensors::<B>(batch, device);
+    let packing = batch
+        .segments
+        .as_ref()
+        .map(|segments| Packing::from_segments(segments, batch.batch_size, batch.seq_len, device));
+    (inputs, targets, packing)
 }

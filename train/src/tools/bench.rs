@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::config::RunConfig;
 use crate::error::TrainError;
-use crate::observe::accounting::{estimate, AttentionPath, Estimate, Precision};
+use crate::observe::accounting::{estimate, Estimate, Mode};
 use crate::observe::device::{device_memory, rss_bytes, DeviceMemory};
 use crate::step::optim::AdamWGroups;
 use crate::step::{scalar, train_step, Solo, StepOutput, StepSettings};
@@ -41,6 +41,8 @@ pub struct BenchReport {
     pub device: String,
     /// The step's floating-point mode (`precision`: `fp32`, `bf16-mixed`, `fp16-mixed`).
     pub precision: crate::config::PrecisionKind,
+    /// `activation_checkpointing`: `none` or `blocks`.
+    pub checkpointing: crate::config::CheckpointingKind,
     /// Optimizer steps timed (after the warm-up steps).
     pub steps: usize,
     /// Tokens per optimizer step.
@@ -154,8 +156,7 @@ pub fn bench<B: AutodiffBackend>(
         seq_len as u64,
         tokens_per_step,
         1,
-        Precision::Fp32,
-        AttentionPath::of(&config.model),
+        Mode::of(config),
         peak_flops,
         mfu_assumed,
     );
@@ -169,6 +170,7 @@ pub fn bench<B: AutodiffBackend>(
     Ok(BenchReport {
         device: device_name,
         precision: config.precision,
+        checkpointing: config.activation_checkpointing,
         steps,
         tokens_per_step,
         tokens_per_sec,
@@ -211,6 +213,7 @@ pub fn step<B: AutodiffBackend>(
     let settings = StepSettings {
         timed: true,
         precision: config.precision.mode(),
+        checkpointing: config.activation_checkpointing.mode(),
         ..StepSettings::new(step, o.lr, o.grad_clip)
     };
     train_step(model, optimizer, micro_batches, settings, &mut Solo, None, device)

@@ -25,8 +25,8 @@ use crate::runner::step_seed;
 use crate::step::optim::{clip_grad_norm, AdamWGroups};
 use crate::step::schedule::LrSchedule;
 use crate::step::{
-    accumulate_in, loss_multiplier, scalar, train_step, Contribution, Exchanged, GradSync, Judgement,
-    LossScaler, Sentinel, StepSettings,
+    accumulate_in, scalar, train_step, Contribution, Exchanged, GradSync, Judgement, LossScaler, Passes,
+    Sentinel, StepSettings,
 };
 
 /// One micro-batch of the replayed step.
@@ -152,8 +152,7 @@ fn replay<B: AutodiffBackend>(
         .map(|rank| Feed::start(data.clone(), config, state.sampler, rank, world_size))
         .collect::<Result<Vec<_>, _>>()?;
     let mut sentinel = Sentinel::new(config.sentinel.clone(), state.sentinel.clone());
-    // The run's precision, and for fp16-mixed its loss scaler as it was at the checkpoint.
-    let precision = config.precision.mode();
+    // For fp16-mixed, the loss scaler as it was at the checkpoint.
     let mut scaler = LossScaler::for_run(config.precision, state.loss_scaler.as_ref());
     let schedule = LrSchedule::from_config(&config.optimizer, config.max_steps);
     log(&format!(
@@ -167,20 +166,17 @@ fn replay<B: AutodiffBackend>(
         for feed in &mut feeds {
             ranks.push(feed.next_step()?.0.micro_batches);
         }
+        // The step as the run took it: precision, loss scale, checkpointing, dropout seed.
+        let settings = run_settings(config, step, schedule.lr(step), scaler.as_ref());
         // Ranks 1.. first, each from the step's seed (as every rank seeds its own device).
         let mut others = Vec::new();
-        for batches in &ranks[1..] {
+        for (rank, batches) in ranks.iter().enumerate().skip(1) {
             B::seed(device, step_seed(config.seed, step));
-            let multiplier = loss_multiplier(LossScaler::scale_of(scaler.as_ref()), batches, world_size);
-            let (grads, nll_sum, tokens) = accumulate_in(&model, batches, precision, multiplier, device);
+            let passes = Passes::of_step(&settings, batches, rank, world_size);
+            let (grads, nll_sum, tokens) = accumulate_in(&model, batches, passes, device);
             others.push((grads, nll_sum, tokens as u64));
         }
         B::seed(device, step_seed(config.seed, step));
-        let settings = StepSettings {
-            precision,
-            loss_scale: LossScaler::scale_of(scaler.as_ref()),
-            ..StepSettings::new(step, schedule.lr(step), config.optimizer.grad_clip)
-        };
         let mut sync = Gathered { others, world_size };
         let (next, out) =
             train_step(model, &mut optimizer, &ranks[0], settings, &mut sync, Some(&mut sentinel), device)?;
@@ -196,13 +192,17 @@ fn replay<B: AutodiffBackend>(
     // The run's loss multiplier at this step (1 unless fp16-mixed; every rank's micro-batches
     // have one size, so one factor).
     let mut multiplier = 1.0;
+    let settings = run_settings(config, target, schedule.lr(target), scaler.as_ref());
     for (rank, feed) in feeds.iter_mut().enumerate() {
         let (data, _) = feed.next_step()?;
         B::seed(device, step_seed(config.seed, target));
-        multiplier = loss_multiplier(LossScaler::scale_of(scaler.as_ref()), &data.micro_batches, world_size);
+        let passes = Passes::of_step(&settings, &data.micro_batches, rank, world_size);
+        multiplier = passes.multiplier;
         for (micro_step, (batch, source)) in data.micro_batches.iter().zip(data.sources).enumerate() {
+            // Micro-batch `micro_step` alone, with the dropout stream it had in the step.
+            let passes = Passes { first_micro_batch: passes.first_micro_batch + micro_step, ..passes };
             let (mut grads, nll_sum, scored) =
-                accumulate_in(&model, std::slice::from_ref(batch), precision, multiplier, device);
+                accumulate_in(&model, std::slice::from_ref(batch), passes, device);
             let nll_sum = scalar(nll_sum);
             let norm = grad_norm(&model, &mut grads, scored as f64 * multiplier);
             total.accumulate(&model, grads);
@@ -234,6 +234,18 @@ fn replay<B: AutodiffBackend>(
         judgement,
         micro_batches,
     })
+}
+
+/// The settings `ember train` gave step `step` of the run of `config` (at learning rate `lr`,
+/// with the loss scaler as it was then).
+fn run_settings(config: &RunConfig, step: u64, lr: f64, scaler: Option<&LossScaler>) -> StepSettings {
+    StepSettings {
+        precision: config.precision.mode(),
+        loss_scale: LossScaler::scale_of(scaler),
+        checkpointing: config.activation_checkpointing.mode(),
+        dropout_seed: step_seed(config.seed, step),
+        ..StepSettings::new(step, lr, config.optimizer.grad_clip)
+    }
 }
 
 /// The L2 norm of `∇ Σ NLL ÷ tokens`, given `grads = multiplier · ∇ Σ NLL` and `divisor =
