@@ -4,11 +4,13 @@
 //! norm, AdamW skips biases and norms, and the learning rate advances once per optimizer step.
 //!
 //! ```sh
-//! cargo run --release -p ember-train --example burn_train -- path/to/corpus.txt
+//! cargo run --release -p ember-train --example burn_train -- [path/to/corpus.txt] [--devices N]
 //! ```
 //!
-//! Without an argument it trains on a small generated text. Burn writes its metric logs and
-//! checkpoints under `burn-train-run/` (`train/epoch-N/Loss.log`, …).
+//! Without a corpus it trains on a small generated text. `--devices N` trains N data-parallel
+//! replicas (burn-flex on threads): each micro-batch is split by rows across them, with one
+//! gradient exchange per optimizer step. Burn writes its metric logs and checkpoints under
+//! `burn-train-run/` (`train/epoch-N/Loss.log`, …).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,7 +23,7 @@ use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use burn::tensor::backend::Backend;
 use burn_train::metric::{LearningRateMetric, LossMetric};
 use burn_train::{Learner, LearningResult, SupervisedTraining, TrainingStrategy};
-use ember_data::{DataView, Split};
+use ember_data::{DataView, Row, Split};
 use ember_model::{LanguageModel, ModelConfig};
 use ember_train::config::OptimizerConfig;
 use ember_train::learner::{EmberLm, EmberStrategy, GradNormMetric, TokensPerSecondMetric, WindowBatcher};
@@ -29,7 +31,7 @@ use ember_train::step::optim::AdamWGroups;
 use ember_train::step::schedule::{LrSchedule, WarmupCosine};
 
 mod sample_text;
-use sample_text::{corpus_from_args, prepare_chars};
+use sample_text::{prepare_chars, sample_corpus};
 
 type B = Autodiff<Flex>;
 
@@ -46,13 +48,15 @@ struct Setup {
     train_rows: Option<usize>,
     /// Resume from burn-train's checkpoint of this epoch in the artifact directory.
     resume: Option<usize>,
+    /// Data-parallel replicas (burn-flex, one thread each).
+    devices: usize,
 }
 
 /// Prepares `corpus` (character-level) under `work` and returns the train and validation views
-/// and a tiny GPT for them, initialized from seed 1337 with dropout off.
-fn data_and_model(corpus: &Path, work: &Path) -> (DataView, DataView, LanguageModel<B>) {
+/// and the GPT of `preset` for them, initialized from seed 1337 with dropout off.
+fn data_and_model(corpus: &Path, work: &Path, preset: &str) -> (DataView, DataView, LanguageModel<B>) {
     let data = prepare_chars(corpus, &work.join("data"));
-    let mut config = ModelConfig::preset("tiny").expect("a preset");
+    let mut config = ModelConfig::preset(preset).expect("a preset");
     config.set_vocab_size(data.meta.vocab_size);
     if let ModelConfig::Gpt2(gpt) = &mut config {
         gpt.dropout = 0.0;
@@ -76,11 +80,11 @@ fn optimizer_and_schedule(steps: u64) -> (OptimizerConfig, LrSchedule) {
 /// checkpoints go to `artifacts`.
 fn train_with_burn(
     model: LanguageModel<B>,
-    train: DataView,
+    train: impl Dataset<Row> + 'static,
     valid: DataView,
     setup: &Setup,
     artifacts: &Path,
-) -> LearningResult<EmberLm<Flex>> {
+) -> (LearningResult<EmberLm<Flex>>, EmberStrategy<B>) {
     let rows = setup.train_rows.unwrap_or(train.len());
     let train = PartialDataset::new(train, 0, rows);
     let micro_batches = train.len().div_ceil(setup.batch_size);
@@ -112,26 +116,87 @@ fn train_with_burn(
         Some(epoch) => training.checkpoint(epoch),
         None => training,
     };
-    training
-        .with_training_strategy(TrainingStrategy::Custom(Arc::new(
-            EmberStrategy::<B>::new(device).with_grad_clip(optimizer.grad_clip),
-        )))
-        .launch(learner)
+    // Replicas compare their parameter hashes at every step here (the default: every 100).
+    let strategy = EmberStrategy::<B>::new(device)
+        .with_grad_clip(optimizer.grad_clip)
+        .with_replicas(setup.devices)
+        .with_check_every(1);
+    let result =
+        training.with_training_strategy(TrainingStrategy::Custom(Arc::new(strategy.clone()))).launch(learner);
+    (result, strategy)
+}
+
+/// The command line.
+struct Args {
+    corpus: Option<std::path::PathBuf>,
+    devices: usize,
+    preset: String,
+    epochs: usize,
+    rows: Option<usize>,
+}
+
+const USAGE: &str = "usage: burn_train [CORPUS] [--devices N] [--preset NAME] [--epochs N] [--rows N]";
+
+/// Parses `[CORPUS] [--devices N] [--preset NAME] [--epochs N] [--rows N]`.
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args { corpus: None, devices: 1, preset: "tiny".into(), epochs: 2, rows: None };
+    let mut args = std::env::args().skip(1);
+    let count = |flag: &str, value: Option<String>| -> Result<usize, String> {
+        let value = value.ok_or(format!("{flag}: expected a whole number ≥ 1; {USAGE}"))?;
+        value
+            .parse()
+            .ok()
+            .filter(|&n: &usize| n >= 1)
+            .ok_or(format!("{flag} {value}: expected a whole number ≥ 1"))
+    };
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--devices" => a.devices = count("--devices", args.next())?,
+            "--epochs" => a.epochs = count("--epochs", args.next())?,
+            "--rows" => a.rows = Some(count("--rows", args.next())?),
+            "--preset" => {
+                let name = args.next().ok_or(format!("--preset: expected a model preset; {USAGE}"))?;
+                if ember_model::GptConfig::preset(&name).is_none() {
+                    return Err(format!(
+                        "--preset {name:?}: expected a GPT-2 preset, e.g. tiny or shakespeare-char"
+                    ));
+                }
+                a.preset = name;
+            }
+            _ if a.corpus.is_none() && !arg.starts_with('-') => a.corpus = Some(arg.into()),
+            _ => return Err(format!("unexpected argument {arg:?}; {USAGE}")),
+        }
+    }
+    Ok(a)
 }
 
 fn main() {
+    let args = parse_args().unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    });
+    let devices = args.devices;
     let work = tempfile::tempdir().expect("a temporary directory");
-    let corpus = corpus_from_args(work.path());
-    let (train, valid, model) = data_and_model(&corpus, work.path());
+    let corpus = args.corpus.unwrap_or_else(|| sample_corpus(work.path()));
+    let (train, valid, model) = data_and_model(&corpus, work.path(), &args.preset);
     let setup = Setup {
         batch_size: 8,
         accumulation: 2,
-        epochs: 2,
+        epochs: args.epochs,
         shuffle: Some(1337),
-        train_rows: None,
+        train_rows: args.rows.map(|rows| rows.min(train.len())),
         resume: None,
+        devices,
     };
-    train_with_burn(model, train, valid, &setup, Path::new("burn-train-run"));
+    let (_, strategy) = train_with_burn(model, train, valid, &setup, Path::new("burn-train-run"));
+    if devices > 1 {
+        println!(
+            "{devices} replicas: {} optimizer steps, {} exchanges, parameter hashes compared and equal at {} steps",
+            strategy.parallel_steps(),
+            strategy.exchanges(),
+            strategy.hash_checks()
+        );
+    }
     println!("metrics: burn-train-run/train, burn-train-run/valid; checkpoints (one per completed epoch): burn-train-run/checkpoint");
 }
 
@@ -161,13 +226,21 @@ mod tests {
     fn fixture() -> (tempfile::TempDir, DataView, DataView, LanguageModel<B>) {
         let work = tempfile::tempdir().unwrap();
         let corpus = sample_corpus(work.path());
-        let (train, valid, model) = data_and_model(&corpus, work.path());
+        let (train, valid, model) = data_and_model(&corpus, work.path(), "tiny");
         (work, train, valid, model)
     }
 
     /// Micro-batches of 4 in order, 2 per optimizer step, over the first `rows` train rows.
     fn in_order(rows: usize, epochs: usize) -> Setup {
-        Setup { batch_size: 4, accumulation: 2, epochs, shuffle: None, train_rows: Some(rows), resume: None }
+        Setup {
+            batch_size: 4,
+            accumulation: 2,
+            epochs,
+            shuffle: None,
+            train_rows: Some(rows),
+            resume: None,
+            devices: 1,
+        }
     }
 
     #[test]
@@ -177,7 +250,7 @@ mod tests {
         let setup = in_order(28, 1);
         let artifacts = work.path().join("burn");
         let burn_model =
-            train_with_burn(model.clone(), train.clone(), valid.clone(), &setup, &artifacts).model;
+            train_with_burn(model.clone(), train.clone(), valid.clone(), &setup, &artifacts).0.model;
 
         // The same micro-batches, in order, through Ember's own step.
         let rows: Vec<_> = (0..28).map(|i| train.get(i).unwrap()).collect();
@@ -227,7 +300,7 @@ mod tests {
     fn a_run_resumed_from_a_burn_train_checkpoint_ends_where_the_uninterrupted_run_does() {
         let (work, train, valid, model) = fixture();
         let setup = in_order(24, 2);
-        let straight =
+        let (straight, _) =
             train_with_burn(model.clone(), train.clone(), valid.clone(), &setup, &work.path().join("a"));
 
         let interrupted = work.path().join("b");
@@ -236,7 +309,7 @@ mod tests {
         // A fresh process would build the model anew: the checkpoint restores weights, AdamW's
         // moments (both groups) and the schedule's step.
         let second = Setup { resume: Some(1), ..setup };
-        let resumed = train_with_burn(model, train, valid.clone(), &second, &interrupted);
+        let (resumed, _) = train_with_burn(model, train, valid.clone(), &second, &interrupted);
 
         // burn-train 0.21's file logger numbers a resumed run's epochs from 1 again, so the
         // resumed epoch 2 overwrote `train/epoch-1/`.
@@ -254,5 +327,164 @@ mod tests {
         train_with_burn(model, train, valid, &in_order(0, 2), &artifacts);
         assert!(!artifacts.join("checkpoint/model-1.mpk").exists());
         assert!(!artifacts.join("valid/epoch-1/Loss.log").exists());
+    }
+    /// Runs with several replicas register with burn-collective's one registry per process:
+    /// one at a time.
+    static COLLECTIVE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn one_collective() -> std::sync::MutexGuard<'static, ()> {
+        COLLECTIVE.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every parameter of `model`, flattened in module order.
+    fn params(model: &EmberLm<Flex>) -> Vec<f32> {
+        use burn::module::{Module, ModuleVisitor, Param};
+        use burn::tensor::Tensor;
+        struct Collect(Vec<f32>);
+        impl ModuleVisitor<Flex> for Collect {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Flex, D>>) {
+                self.0.extend(param.val().into_data().to_vec::<f32>().unwrap());
+            }
+        }
+        let mut collect = Collect(Vec::new());
+        model.visit(&mut collect);
+        collect.0
+    }
+
+    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    }
+
+    /// The train rows with the target of every position whose input id is a multiple of 3
+    /// ignored: the rows, and so the replicas' halves of a micro-batch, score unequal counts.
+    fn unevenly_masked(train: &DataView, rows: usize) -> burn::data::dataset::InMemDataset<Row> {
+        let rows = (0..rows)
+            .map(|i| {
+                let mut row = train.get(i).unwrap();
+                for (input, target) in row.inputs.iter().zip(row.targets.iter_mut()) {
+                    if input % 3 == 0 {
+                        *target = ember_data::IGNORE_INDEX;
+                    }
+                }
+                row
+            })
+            .collect();
+        burn::data::dataset::InMemDataset::new(rows)
+    }
+
+    /// 2 replicas × 4 rows of each micro-batch give the losses, learning rates, gradient norms
+    /// and final weights of 1 device with the 8 rows, with uneven masks, and exchange once per
+    /// optimizer step with equal parameter hashes at every step.
+    #[test]
+    fn two_replicas_equal_one_device_with_the_whole_batch() {
+        let _one = one_collective();
+        let (work, train, valid, model) = fixture();
+        let data = unevenly_masked(&train, 32);
+        let first = data.get(0).unwrap();
+        assert!(first.targets.contains(&ember_data::IGNORE_INDEX) && first.targets.iter().any(|&t| t >= 0));
+        // 4 micro-batches of 8 rows per epoch, 2 per step: 2 steps per epoch, 2 epochs.
+        let one = Setup {
+            batch_size: 8,
+            accumulation: 2,
+            epochs: 2,
+            shuffle: Some(7),
+            train_rows: None,
+            resume: None,
+            devices: 1,
+        };
+        let two = Setup { devices: 2, ..one };
+        let (single, single_strategy) = train_with_burn(
+            model.clone(),
+            unevenly_masked(&train, 32),
+            valid.clone(),
+            &one,
+            &work.path().join("one"),
+        );
+        let (parallel, strategy) = train_with_burn(model, data, valid, &two, &work.path().join("two"));
+        assert_eq!(single_strategy.exchanges(), 0, "one device exchanges nothing");
+        for epoch in [1, 2] {
+            let (a, b) = (
+                logged(&work.path().join("one"), epoch, "Loss"),
+                logged(&work.path().join("two"), epoch, "Loss"),
+            );
+            assert_eq!(a.len(), 2);
+            for (x, y) in a.iter().zip(&b) {
+                assert!(
+                    (x - y).abs() <= 1e-5,
+                    "epoch {epoch}: losses {a:?} (1 device) vs {b:?} (2 replicas)"
+                );
+            }
+            for name in ["Learning_Rate", "Grad_Norm"] {
+                let (a, b) = (
+                    logged(&work.path().join("one"), epoch, name),
+                    logged(&work.path().join("two"), epoch, name),
+                );
+                for (x, y) in a.iter().zip(&b) {
+                    assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "{name}: {a:?} vs {b:?}");
+                }
+            }
+        }
+        let diff = max_diff(&params(&single.model), &params(&parallel.model));
+        assert!(diff <= 1e-5, "final weights differ by {diff}");
+        assert_eq!((strategy.parallel_steps(), strategy.exchanges(), strategy.hash_checks()), (4, 4, 4));
+    }
+
+    /// Resuming burn-train's epoch-1 checkpoint with 2 replicas ends at the weights of the
+    /// uninterrupted 2-replica run.
+    #[test]
+    fn two_replicas_resumed_from_an_epoch_checkpoint_end_at_the_uninterrupted_weights() {
+        let _one = one_collective();
+        let (work, train, valid, model) = fixture();
+        let setup = Setup { devices: 2, ..in_order(24, 2) };
+        let (straight, _) =
+            train_with_burn(model.clone(), train.clone(), valid.clone(), &setup, &work.path().join("a"));
+        let interrupted = work.path().join("b");
+        train_with_burn(
+            model.clone(),
+            train.clone(),
+            valid.clone(),
+            &Setup { epochs: 1, ..setup },
+            &interrupted,
+        );
+        let (resumed, strategy) =
+            train_with_burn(model, train, valid, &Setup { resume: Some(1), ..setup }, &interrupted);
+        assert_eq!(strategy.exchanges(), 3, "epoch 2 only: 6 micro-batches of 4, 2 per step");
+        let diff = max_diff(&params(&straight.model), &params(&resumed.model));
+        assert!(diff <= 1e-6, "resumed weights differ by {diff}");
+    }
+
+    /// A replica whose step panics (an out-of-vocabulary token in its rows) stops every
+    /// replica before anything is checkpointed, and the message names it.
+    #[test]
+    fn a_failing_replica_stops_every_replica_and_is_named() {
+        let _one = one_collective();
+        let (work, train, valid, model) = fixture();
+        let mut rows: Vec<Row> = (0..8).map(|i| train.get(i).unwrap()).collect();
+        for row in &mut rows[4..] {
+            row.inputs[0] = 1_000_000; // replica 1's half of the micro-batch
+        }
+        let setup = Setup {
+            batch_size: 8,
+            accumulation: 1,
+            epochs: 2,
+            shuffle: None,
+            train_rows: None,
+            resume: None,
+            devices: 2,
+        };
+        let artifacts = work.path().join("failing");
+        let data = burn::data::dataset::InMemDataset::new(rows);
+        let (result, strategy) = train_with_burn(model, data, valid, &setup, &artifacts);
+        let _ = result;
+        assert_eq!(strategy.parallel_steps(), 0);
+        assert!(!artifacts.join("checkpoint/model-1.mpk").exists());
+        // (burn-train logs to the first run's experiment.log of the process; the strategy keeps
+        // the reason.)
+        let reason = strategy.stop_reason().unwrap_or_default();
+        assert!(
+            reason.contains("replica 1 failed: its step panicked: index 1000000 out of bounds"),
+            "{reason}"
+        );
     }
 }

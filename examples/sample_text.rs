@@ -15,7 +15,9 @@ pub fn sample_corpus(dir: &Path) -> PathBuf {
     path
 }
 
-/// The corpus named by the first command-line argument, else the sample written under `dir`.
+/// The corpus named by the first command-line argument, else the sample written under `dir`
+/// (`custom_loop.rs`; `burn_train.rs` parses flags too).
+#[allow(dead_code)]
 pub fn corpus_from_args(dir: &Path) -> PathBuf {
     std::env::args().nth(1).map(Into::into).unwrap_or_else(|| sample_corpus(dir))
 }

@@ -40,7 +40,7 @@ pub struct BenchArgs {
 /// from the preset or `model.vocab_size`).
 pub fn warn_missing_data(config: &RunConfig) {
     if let Some(dir) = config.data.as_ref().filter(|d| !d.exists()) {
-        eprintln!(
+        err!(
             "warning: data {:?} not found (relative paths are relative to the current directory): the vocabulary comes from the preset or model.vocab_size",
             dir.display()
         );

@@ -110,11 +110,15 @@ fn table(e: &Estimate, config: &RunConfig) -> String {
                 0 => "none (fp32)".into(),
                 b => format!(
                     "{b} B × {} matmul weights, cast in the forward and kept for the backward{} → {}",
-                    e.matmul_params,
-                    if e.mode.checkpointing == CheckpointingKind::Blocks {
-                        " (checkpointing: one layer's and the head's at a time)"
-                    } else {
-                        ""
+                    e.low_precision_copy_bytes / b,
+                    match e.mode.checkpointing {
+                        CheckpointingKind::Blocks => {
+                            format!(
+                                " (checkpointing: one layer's and the head's of the {} at a time)",
+                                e.matmul_params
+                            )
+                        }
+                        CheckpointingKind::None => String::new(),
                     },
                     gb(e.low_precision_copy_bytes)
                 ),

@@ -10,6 +10,13 @@ macro_rules! out {
     };
 }
 
+/// `eprintln!` that drops the line when stderr is closed instead of panicking.
+macro_rules! err {
+    ($($arg:tt)*) => {
+        $crate::output::print_err(format_args!($($arg)*))
+    };
+}
+
 mod bench;
 mod dashboard;
 mod estimate;
@@ -189,7 +196,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Replay { run, step, backend } => {
             let report =
-                ember_train::tools::replay::replay_run(&run, step, backend, &mut |line| eprintln!("{line}"))?;
+                ember_train::tools::replay::replay_run(&run, step, backend, &mut |line| err!("{line}"))?;
             out!("{}", report.to_string().trim_end());
             Ok(())
         }
@@ -300,7 +307,7 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", message(&e));
+            err!("error: {}", message(&e));
             ExitCode::FAILURE
         }
     }

@@ -1,4 +1,5 @@
-//! Standard output that may be a pipe its reader closed (`ember train … | head -1`).
+//! Standard output and error that may be pipes their reader closed (`ember train … | head -1`,
+//! `ember train … 2>&1 | head`).
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,4 +42,10 @@ pub(crate) fn print_line(line: std::fmt::Arguments<'_>) {
             }
         }
     }
+}
+
+/// Writes one line to stderr, dropping it if stderr is closed (`eprintln!` would panic there,
+/// in the middle of a training step).
+pub(crate) fn print_err(line: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }

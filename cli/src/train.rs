@@ -142,7 +142,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     );
     out!("{line}");
     if crate::output::stdout_closed() {
-        eprintln!("{line}");
+        err!("{line}");
     }
     Ok(())
 }
@@ -155,10 +155,10 @@ fn stop_controls() -> anyhow::Result<Arc<Controls>> {
     let flag = controls.clone();
     ctrlc::set_handler(move || {
         if flag.stop.swap(true, Ordering::SeqCst) {
-            eprintln!("\nstopped again: exiting at once, without a checkpoint of this step");
+            err!("\nstopped again: exiting at once, without a checkpoint of this step");
             std::process::exit(130);
         }
-        eprintln!(
+        err!(
             "\nstop requested (Ctrl-C, SIGTERM or SIGHUP): stopping after this step with a checkpoint; \
              a second one exits at once"
         );
@@ -167,7 +167,7 @@ fn stop_controls() -> anyhow::Result<Arc<Controls>> {
     let flag = controls.clone();
     crate::output::on_stdout_closed(move || {
         if !flag.stop.swap(true, Ordering::SeqCst) {
-            eprintln!("stdout was closed: stopping after this step with a checkpoint");
+            err!("stdout was closed: stopping after this step with a checkpoint");
         }
     });
     Ok(controls)

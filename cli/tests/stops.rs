@@ -112,3 +112,17 @@ fn a_closed_stdout_stops_the_run_with_a_checkpoint() {
     let step = stopped_step(&stderr);
     assert_eq!(checkpoint_step(w, "run"), step);
 }
+
+/// `ember train … 2>&1 | head`: stdout and stderr both closed. The stop's messages to stderr
+/// are dropped instead of panicking mid-step, and the run still ends with a checkpoint.
+#[test]
+fn closed_stdout_and_stderr_still_stop_the_run_with_a_checkpoint() {
+    let dir = workdir();
+    let w = dir.path();
+    let mut child = endless(w, "run");
+    drop(child.stderr.take()); // stderr's reader gone from the start
+    drop(after_first_step(&mut child)); // then stdout's
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!((1..100000).contains(&checkpoint_step(w, "run")));
+}

@@ -55,6 +55,37 @@ impl Batch {
         self.targets.iter().filter(|&&t| t != IGNORE_INDEX).count()
     }
 
+    /// Splits the rows into `parts` contiguous batches in order — the data-parallel replicas'
+    /// shares of one micro-batch — of `⌈n/parts⌉` rows for the first `n mod parts` parts and
+    /// `⌊n/parts⌋` for the rest (`n` = `batch_size`); concatenated in order they are this batch.
+    ///
+    /// Errors: [`DataError::InvalidBatch`] when `parts` is 0 or exceeds the rows (a part would
+    /// be empty), naming both counts.
+    pub fn split_rows(&self, parts: usize) -> Result<Vec<Batch>, DataError> {
+        let n = self.batch_size;
+        if parts == 0 || parts > n {
+            return Err(DataError::InvalidBatch {
+                reason: format!("a batch of {n} rows cannot be split into {parts} non-empty parts"),
+            });
+        }
+        let mut start = 0;
+        let out = (0..parts)
+            .map(|part| {
+                let rows = n / parts + usize::from(part < n % parts);
+                let span = start * self.seq_len..(start + rows) * self.seq_len;
+                start += rows;
+                Batch {
+                    batch_size: rows,
+                    seq_len: self.seq_len,
+                    inputs: self.inputs[span.clone()].to_vec(),
+                    targets: self.targets[span.clone()].to_vec(),
+                    segments: self.segments.as_ref().map(|s| s[span].to_vec()),
+                }
+            })
+            .collect();
+        Ok(out)
+    }
+
     /// Stacks rows into a batch.
     ///
     /// Errors: [`DataError::InvalidBatch`] if there are no rows, a row is empty, rows differ in
@@ -174,5 +205,32 @@ mod tests {
         assert!(matches!(Batch::from_windows(&[]), Err(DataError::InvalidBatch { .. })));
         assert!(matches!(Batch::from_windows(&[vec![1]]), Err(DataError::InvalidBatch { .. })));
         assert!(matches!(Batch::from_rows(vec![]), Err(DataError::InvalidBatch { .. })));
+    }
+    #[test]
+    fn split_rows_gives_contiguous_parts_that_concatenate_to_the_batch() {
+        // 5 rows of 2 positions: parts of 2, 2 and 1 rows.
+        let rows: Vec<Row> = (0..5u32)
+            .map(|r| Row {
+                inputs: vec![2 * r, 2 * r + 1],
+                targets: vec![r as i32, IGNORE_INDEX],
+                segments: Some(vec![0, r]),
+            })
+            .collect();
+        let batch = Batch::from_rows(rows).unwrap();
+        let parts = batch.split_rows(3).unwrap();
+        assert_eq!(parts.iter().map(|p| p.batch_size).collect::<Vec<_>>(), [2, 2, 1]);
+        assert_eq!(parts[1].inputs, [4, 5, 6, 7]);
+        assert_eq!(parts[2].targets, [4, IGNORE_INDEX]);
+        assert_eq!(parts[2].segments.as_deref(), Some(&[0, 4][..]));
+        let joined: Vec<u32> = parts.iter().flat_map(|p| p.inputs.clone()).collect();
+        assert_eq!(joined, batch.inputs);
+        assert_eq!(batch.split_rows(1).unwrap(), vec![batch.clone()]);
+        for parts in [0, 6] {
+            let err = batch.split_rows(parts).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("a batch of 5 rows cannot be split into {parts} non-empty parts")),
+                "{err}"
+            );
+        }
     }
 }

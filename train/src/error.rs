@@ -141,6 +141,15 @@ pub enum TrainError {
     /// A port that burn-collective's servers need is taken, or their runtime cannot start.
     #[error("data parallel: {0}")]
     Network(String),
+    /// A replica of a data-parallel burn-train strategy failed on its own (its step errored or
+    /// panicked); every replica stops.
+    #[error("data parallel: replica {rank} failed: {message}")]
+    ReplicaFailed {
+        /// The replica (rank) that failed.
+        rank: usize,
+        /// Its error.
+        message: String,
+    },
     /// A failure injected on purpose by [`crate::parallel::FaultInjector`] (tests only).
     #[error("rank {rank}: failure injected at step {step}")]
     InjectedFault {

@@ -14,12 +14,15 @@
 //! [`TokensPerSecondMetric`] and [`GradNormMetric`]. Loss and learning rate use burn-train's
 //! own `LossMetric` and `LearningRateMetric`. `examples/burn_train.rs` shows it end to end.
 //!
-//! Single device; data-parallel runs go through `ember train` ([`crate::parallel`]).
+//! With several devices [`EmberStrategy`] runs data-parallel replicas on threads, through the
+//! exchange of [`crate::parallel`] (`replicas`).
 //!
-//! May use: [`crate::step`] (the optimizer step, its loss). Behind the `burn-train` feature.
+//! May use: [`crate::step`] (the optimizer step, its loss), [`crate::parallel`] (the exchange).
+//! Behind the `burn-train` feature.
 
 pub mod metrics;
 pub mod model;
+mod replicas;
 pub mod strategy;
 
 pub use metrics::{GradNormInput, GradNormMetric, TokensInput, TokensPerSecondMetric};

@@ -15,8 +15,9 @@
 //! the fused LayerNorm, attention and loss — each LayerNorm keeps its input and a mean and
 //! 1/std per row, attention its output and a log-sum-exp per row and head (FlashAttention, Dao
 //! et al. 2022, §3.1: the `[B, H, T, T]` probabilities are recomputed in the backward pass) —
-//! plus the final norm `2·B·T·d + 2·B·T f32` and the loss `2·B·T·V + B·T f32` (the logits, their
-//! gradient, a log-sum-exp per row; no log-softmax copy). With dropout the explicit attention
+//! plus the final norm `2·B·T·d + 2·B·T f32` and the head and loss, [`bytes_per_logit`] ×
+//! `B·T·V + B·T f32` (the logits, whose gradient the fused loss writes in place, the head's
+//! backward, a log-sum-exp per row; no log-softmax copy). With dropout the explicit attention
 //! adds `3·B·H·T²` per layer (probabilities, dropout mask, dropped probabilities) instead of the
 //! log-sum-exps, and each dropout keeps its mask (`2·B·T·d` per layer, `B·T·d` after the
 //! embeddings).
@@ -193,9 +194,8 @@ pub struct Activations {
     /// in the mixed modes), and its per-row statistics (`2 × B·T` f32 for GPT-2's LayerNorm,
     /// `B·T` for Llama's RMSNorm).
     pub final_norm: u64,
-    /// The loss: the f32 logits `[B·T, V]` (the LM head's output, kept by the fused loss
-    /// instead of a log-softmax copy), their f32 gradient (alive in the backward pass), and the
-    /// log-sum-exp of each row: `2 × B·T·V + B·T` f32 in every mode.
+    /// The LM head and the loss: [`bytes_per_logit`] × `B·T·V`, plus the log-sum-exp of each
+    /// row (`B·T` f32).
     pub logits: u64,
     /// All layers kept: `L × (per_layer + row_stats_per_layer + attention_per_layer) +
     /// embedding_dropout + final_norm + logits`.
@@ -315,6 +315,25 @@ pub fn layer_bytes_per_row(model: &ModelConfig, precision: PrecisionKind) -> u64
     }
 }
 
+/// Bytes per element of the logits `[B·T, V]` at the step's peak: the LM head and the loss.
+///
+/// fp32: 6 — the f32 logits (4 B; the fused loss keeps them instead of a log-softmax and writes
+/// their gradient in place), and the head's backward products (measured: 2 B).
+/// Mixed modes: 15 — the f32 logits (4 B, the gradient in place), the gradient's 16-bit copy
+/// for the head's matmuls (2 B), burn-flex's f32 conversions of it in the two backward matmuls
+/// (`dX` and `dW`, 4 + 4 B), and the rest of the head's backward (measured: 1 B).
+///
+/// Calibrated on burn-flex: peak RSS grew by 6.0 B (fp32) and 15.0–15.3 B (bf16-mixed) per
+/// logit between vocabularies 12,576 and 50,304 at 768 rows, with and without checkpointing,
+/// after the 16 B per embedding parameter (and its 2 B bf16 copy) are taken off.
+pub fn bytes_per_logit(precision: PrecisionKind) -> u64 {
+    if precision == PrecisionKind::Fp32 {
+        6
+    } else {
+        15
+    }
+}
+
 fn dims(model: &ModelConfig, precision: PrecisionKind) -> Dims {
     let layer_bytes = layer_bytes_per_row(model, precision);
     match model {
@@ -386,7 +405,7 @@ pub fn estimate(
     let row_stats_per_layer = (d.norm_stats + lse_per_row) * rows * STAT_BYTES;
     let head_input = if mode.mixed() { btd / 2 } else { btd };
     let final_norm = btd + head_input + d.final_norm_stats * rows * STAT_BYTES;
-    let logits = 2 * rows * d.vocab * 4 + rows * STAT_BYTES;
+    let logits = bytes_per_logit(mode.precision) * rows * d.vocab + rows * STAT_BYTES;
     let layer = per_layer + row_stats_per_layer + attention_per_layer;
     let total = d.n_layer * layer + embedding_dropout + final_norm + logits;
     let total_checkpointed = d.n_layer * btd + layer + embedding_dropout + final_norm + logits;
@@ -564,16 +583,16 @@ mod tests {
         assert_eq!(a.attention_per_layer, 0);
         // Final LayerNorm: input and output 2 × 393,216 + mean and 1/std 2 × 768 × 4 = 792,576.
         assert_eq!(a.final_norm, 792_576);
-        // Loss: logits and their gradient 2 × 768·66 × 4 B = 405,504, log-sum-exp 768 × 4 B.
-        assert_eq!(a.logits, 408_576);
-        // 4 × (6,291,456 + 24,576) + 792,576 + 408,576.
-        assert_eq!(a.total, 26_465_280);
+        // Head and loss: 6 B per logit (bytes_per_logit) × 768·66 = 304,128, log-sum-exp 768 × 4 B.
+        assert_eq!(a.logits, 307_200);
+        // 4 × (6,291,456 + 24,576) + 792,576 + 307,200.
+        assert_eq!(a.total, 26_363_904);
         // Checkpointed: 4 layer inputs (393,216 B each) + one layer + final norm + loss.
-        assert_eq!(a.total_checkpointed, 1_572_864 + 6_316_032 + 792_576 + 408_576);
+        assert_eq!(a.total_checkpointed, 1_572_864 + 6_316_032 + 792_576 + 307_200);
         assert_eq!(a.backward_working_set, 0, "fp32");
         // Peak: 16 B × 804,224 = 12,867,584 + activations.
-        assert_eq!(e.peak_bytes.0, 12_867_584 + 26_465_280); // 39.3 MB
-        assert_eq!(e.peak_bytes.1, 12_867_584 + 9_090_048);
+        assert_eq!(e.peak_bytes.0, 12_867_584 + 26_363_904); // 39.2 MB
+        assert_eq!(e.peak_bytes.1, 12_867_584 + 8_988_672);
         assert_eq!(e.peak, e.peak_bytes.0, "the run keeps every activation");
         // FLOPs/token: 6·804,224 + 12·4·128·64 = 4,825,344 + 393,216.
         assert_eq!(e.flops_per_token, 5_218_560);
@@ -603,7 +622,7 @@ mod tests {
         assert_eq!(a.attention_per_layer, 2_359_296);
         assert_eq!(a.row_stats_per_layer, 12_288);
         assert_eq!(a.embedding_dropout, 393_216);
-        assert_eq!(a.total, 4 * (7_077_888 + 12_288 + 2_359_296) + 393_216 + 792_576 + 408_576); // 39,392,256
+        assert_eq!(a.total, 4 * (7_077_888 + 12_288 + 2_359_296) + 393_216 + 792_576 + 307_200);
         assert_eq!(a.backward_working_set, 2_359_296, "the attention probabilities' gradients");
         // Without dropout the explicit path keeps the probabilities once: 786,432.
         if let ModelConfig::Gpt2(c) = &mut model {
@@ -612,13 +631,13 @@ mod tests {
         let a = shakespeare_activations(&model, PrecisionKind::Fp32, AttentionPath::Materialized);
         assert_eq!((a.per_layer, a.attention_per_layer, a.embedding_dropout), (6_291_456, 786_432, 0));
         // bf16-mixed keeps 54 B per row and unit of d instead of 64 (layer_bytes_per_row):
-        // 768 rows × 54 × 128 = 5,308,416; the f32 statistics and the f32 logits stay; the
+        // 768 rows × 54 × 128 = 5,308,416; the f32 statistics stay; the head keeps 15 B per logit; the
         // final norm keeps its f32 input and a bf16 copy of its output: 393,216 + 196,608 +
         // 6,144.
         let mixed = shakespeare_activations(&model, PrecisionKind::Bf16Mixed, AttentionPath::Fused);
         assert_eq!(mixed.per_layer, 5_308_416);
         assert_eq!(mixed.row_stats_per_layer, 24_576);
-        assert_eq!(mixed.logits, 408_576);
+        assert_eq!(mixed.logits, 15 * 768 * 66 + 3_072);
         assert_eq!(mixed.final_norm, 595_968);
         // Four f32 copies of the MLP's 512-wide gradient per row: 16 × 512 × 768 = 6,291,456.
         assert_eq!(mixed.backward_working_set, 6_291_456);
@@ -635,11 +654,11 @@ mod tests {
         // 4 heads' log-sum-exp) × 32 × 4 B = 768.
         assert_eq!(a.per_layer, 62_464);
         assert_eq!(a.row_stats_per_layer, 768);
-        // Final RMSNorm: 2 × 32·32 × 4 B + 32 × 4 B; loss: 2 × 32·64 × 4 B + 32 × 4 B.
+        // Final RMSNorm: 2 × 32·32 × 4 B + 32 × 4 B; head and loss: 6 B × 32·64 + 32 × 4 B.
         assert_eq!(a.final_norm, 8_320);
-        assert_eq!(a.logits, 16_512);
-        assert_eq!(a.total, 2 * (62_464 + 768) + 8_320 + 16_512); // 151,296
-        assert_eq!(a.total_checkpointed, 2 * 4_096 + 63_232 + 8_320 + 16_512);
+        assert_eq!(a.logits, 12_416);
+        assert_eq!(a.total, 2 * (62_464 + 768) + 8_320 + 12_416); // 147,200
+        assert_eq!(a.total_checkpointed, 2 * 4_096 + 63_232 + 8_320 + 12_416);
     }
 
     #[test]

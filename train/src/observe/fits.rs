@@ -87,7 +87,7 @@ pub fn check_against(config: &RunConfig, available: &Available) -> Result<(), Tr
     }
     let replicas = config.devices.indices(config.device).len();
     let message = format!(
-        "the run needs about {} of memory ({} parameters × 16 B for weights, gradients and AdamW, plus the activations of a micro-batch of {} × {} tokens{}; `ember estimate` shows the details) but {} is available ({}): it would abort when allocating. Make it smaller (model.n_layer, model.d_model, micro_batch_size, model.block_size{}) or start anyway with --set check_memory=false",
+        "the run needs about {} of memory ({} parameters × 16 B for weights, gradients and AdamW, plus the activations of a micro-batch of {} × {} tokens{}; `ember estimate` shows the details) but {} is available ({}): it would abort when allocating. Make it smaller (model.n_layer, model.d_model, micro_batch_size, model.block_size{}{}) or start anyway with --set check_memory=false",
         gb(needed),
         config.model.num_params(),
         config.micro_batch_size,
@@ -96,6 +96,11 @@ pub fn check_against(config: &RunConfig, available: &Available) -> Result<(), Tr
         gb(available.bytes),
         available.source,
         if replicas > 1 { ", devices" } else { "" },
+        if config.activation_checkpointing == crate::config::CheckpointingKind::None {
+            ", or activation_checkpointing = \"blocks\" to keep one layer's activations"
+        } else {
+            ""
+        },
     );
     Err(TrainError::WontFit {
         config: config.origin.path.clone(),

@@ -101,6 +101,15 @@ impl Group {
     pub fn new(config: &RunConfig, local: usize) -> Self {
         Self { rounds: collective_config(config, local), local_barrier: Arc::new(Barrier::new(local)) }
     }
+
+    /// The group of `local` replicas in this process and no other (tree all-reduce), for
+    /// callers without a run configuration (the burn-train strategy).
+    pub fn local(local: usize) -> Self {
+        let strategy = all_reduce_strategy(Strategy::Tree);
+        let config =
+            CollectiveConfig::default().with_num_devices(local).with_local_all_reduce_strategy(strategy);
+        Self { rounds: vec![config], local_barrier: Arc::new(Barrier::new(local)) }
+    }
 }
 
 /// Joins rank `rank` to the collective on `device`.

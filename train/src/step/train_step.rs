@@ -90,8 +90,8 @@ pub struct StepSettings {
     /// The seed of this step's dropout masks: micro-batch `i` of the global batch (rank `r`'s
     /// micro-batch `j` is `i = r · micro-batches per rank + j`) draws them from
     /// `stage_seed(dropout_seed, i)`, each stage of the model from a seed of its own
-    /// ([`ember_model::dropout`]) — the same with and without checkpointing, and the same for 2
-    /// ranks × 1 micro-batch as for 1 rank × 2.
+    /// ([`ember_model::dropout`]) — the same with and without checkpointing and whatever other
+    /// threads draw.
     pub dropout_seed: u64,
 }
 

@@ -41,7 +41,10 @@ impl Trained {
     ///
     /// Errors: see [`Trained::open_logged`].
     pub fn open(source: Source) -> Result<Self, TrainError> {
-        Self::open_logged(source, &mut |line| eprintln!("{line}"))
+        Self::open_logged(source, &mut |line| {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "{line}");
+        })
     }
 
     /// [`Trained::open`], with each skipped checkpoint's line (`skipped
