@@ -487,4 +487,26 @@ mod tests {
             "{reason}"
         );
     }
+    /// The epoch's last micro-batch of 1 row (25 rows in micro-batches of 4) goes to replica 0
+    /// alone; the run still equals one device's.
+    #[test]
+    fn a_micro_batch_smaller_than_the_replicas_goes_to_the_first() {
+        let _one = one_collective();
+        let (work, train, valid, model) = fixture();
+        let one = in_order(25, 1);
+        let (single, _) =
+            train_with_burn(model.clone(), train.clone(), valid.clone(), &one, &work.path().join("one"));
+        let two = Setup { devices: 2, ..one };
+        let (parallel, strategy) = train_with_burn(model, train, valid, &two, &work.path().join("two"));
+        assert_eq!(strategy.stop_reason(), None);
+        assert_eq!(strategy.parallel_steps(), 4, "7 micro-batches, 2 per step");
+        let (a, b) =
+            (logged(&work.path().join("one"), 1, "Loss"), logged(&work.path().join("two"), 1, "Loss"));
+        assert_eq!(a.len(), 4);
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= 1e-5, "{a:?} vs {b:?}");
+        }
+        let diff = max_diff(&params(&single.model), &params(&parallel.model));
+        assert!(diff <= 1e-5, "final weights differ by {diff}");
+    }
 }

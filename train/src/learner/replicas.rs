@@ -69,23 +69,20 @@ pub(super) struct Peers<B: AutodiffBackend> {
     pub(super) steps: u64,
 }
 
-/// Each rank's rows of every micro-batch: `shares[r][j]` is rank `r`'s part of micro-batch `j`
-/// ([`Batch::split_rows`]: contiguous rows, so the ranks' shares together are the step's
-/// global batch).
-///
-/// Errors: a micro-batch has fewer rows than there are replicas.
-fn shares(micro_batches: &[Batch], world: usize) -> Result<Vec<Vec<Batch>>, TrainError> {
+/// Each rank's rows of every micro-batch: `shares[r]` is rank `r`'s parts of the step's
+/// micro-batches, in order ([`Batch::split_rows`]: contiguous rows, so the ranks' shares
+/// together are the step's global batch). A micro-batch with fewer rows than there are ranks
+/// (the end of an epoch) goes to the first ranks, one row each; the others have no part of it
+/// and contribute nothing for it to the exchange.
+fn shares(micro_batches: &[Batch], world: usize) -> Vec<Vec<Batch>> {
     let mut shares = vec![Vec::with_capacity(micro_batches.len()); world];
-    for (j, batch) in micro_batches.iter().enumerate() {
-        let parts = batch.split_rows(world).map_err(|e| TrainError::Exchange {
-            rank: 0,
-            message: format!("micro-batch {j} of the step: {e} (one share per replica: use a batch size of at least {world})"),
-        })?;
+    for batch in micro_batches {
+        let parts = batch.split_rows(world.min(batch.batch_size)).expect("1 ≤ parts ≤ rows");
         for (share, part) in shares.iter_mut().zip(parts) {
             share.push(part);
         }
     }
-    Ok(shares)
+    shares
 }
 
 impl<B: AutodiffBackend> Peers<B> {
@@ -94,7 +91,7 @@ impl<B: AutodiffBackend> Peers<B> {
     /// shares: the global batch's loss, gradient norm and scored tokens.
     ///
     /// Errors: a replica failed (the error names it, with its own message), the replicas'
-    /// parameters differ, the step's own errors.
+    /// parameters differ, the step's own errors (e.g. no scored target in the global batch).
     pub(super) fn step(
         &mut self,
         target: &mut impl StepTarget<B>,
@@ -103,7 +100,7 @@ impl<B: AutodiffBackend> Peers<B> {
         device: &B::Device,
         stats: &ReplicaStats,
     ) -> Result<StepOutput<B::InnerBackend>, TrainError> {
-        let mut shares = shares(micro_batches, self.replicas.len() + 1)?.into_iter();
+        let mut shares = shares(micro_batches, self.replicas.len() + 1).into_iter();
         let own = shares.next().expect("rank 0's share");
         self.steps += 1;
         let check = self.steps == 1 || self.steps.is_multiple_of(self.check_every.max(1));
