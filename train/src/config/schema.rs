@@ -24,6 +24,7 @@ pub enum BackendKind {
 /// Floating-point mode of the training step (`precision`): what the forward and backward
 /// passes compute in. Weights, gradients, AdamW's moments and checkpoints are f32 in every mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(try_from = "String")]
 pub enum PrecisionKind {
     /// Everything in f32 (default).
     #[default]
@@ -41,6 +42,21 @@ pub enum PrecisionKind {
     Fp16Mixed,
 }
 
+impl TryFrom<String> for PrecisionKind {
+    type Error = String;
+
+    /// `"fp32"`, `"bf16-mixed"` or `"fp16-mixed"`; anything else (another string, a number, a
+    /// table) is an error naming what was expected.
+    fn try_from(text: String) -> Result<Self, String> {
+        match text.as_str() {
+            "fp32" => Ok(PrecisionKind::Fp32),
+            "bf16-mixed" => Ok(PrecisionKind::Bf16Mixed),
+            "fp16-mixed" => Ok(PrecisionKind::Fp16Mixed),
+            _ => Err(format!("expected \"fp32\", \"bf16-mixed\" or \"fp16-mixed\", got {text:?}")),
+        }
+    }
+}
+
 impl PrecisionKind {
     /// The model's autocast mode.
     pub fn mode(self) -> ember_model::Precision {
@@ -54,7 +70,7 @@ impl PrecisionKind {
 
 /// What the training forward keeps for the backward (`activation_checkpointing`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "lowercase", try_from = "String")]
 pub enum CheckpointingKind {
     /// Every activation (default).
     #[default]
@@ -63,6 +79,19 @@ pub enum CheckpointingKind {
     /// ([`ember_model::checkpoint`]): about one more forward of compute for activation memory
     /// of one block instead of all.
     Blocks,
+}
+
+impl TryFrom<String> for CheckpointingKind {
+    type Error = String;
+
+    /// `"none"` or `"blocks"`; anything else is an error naming what was expected.
+    fn try_from(text: String) -> Result<Self, String> {
+        match text.as_str() {
+            "none" => Ok(CheckpointingKind::None),
+            "blocks" => Ok(CheckpointingKind::Blocks),
+            _ => Err(format!("expected \"none\" or \"blocks\", got {text:?}")),
+        }
+    }
 }
 
 impl CheckpointingKind {

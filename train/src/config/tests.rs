@@ -214,3 +214,33 @@ fn a_value_set_on_the_command_line_is_blamed_on_the_set_even_after_loading() {
         "--set model.vocab_size=5: key `model.vocab_size`: 5 is smaller than the prepared data's vocabulary (66 tokens)"
     );
 }
+
+#[test]
+fn precision_and_checkpointing_take_their_strings_only() {
+    let mut c = load(BASE, &["precision=\"bf16-mixed\"", "activation_checkpointing=\"blocks\""]).unwrap();
+    c.resolve_vocab(Some(50)).unwrap();
+    assert_eq!(
+        (c.precision, c.activation_checkpointing),
+        (PrecisionKind::Bf16Mixed, CheckpointingKind::Blocks)
+    );
+    // Written back and read again: the same modes.
+    let again = RunConfig::from_toml_str(&c.to_toml(), Path::new("config.toml"), &[]).unwrap();
+    assert_eq!((again.precision, again.activation_checkpointing), (c.precision, c.activation_checkpointing));
+    let cases = [
+        ("precision=3", "key `precision`: expected a string, found 3"),
+        (
+            "precision=\"bf16\"",
+            r#"key `precision`: expected "fp32", "bf16-mixed" or "fp16-mixed", got "bf16""#,
+        ),
+        ("activation_checkpointing=true", "key `activation_checkpointing`: expected a string, found true"),
+        (
+            "activation_checkpointing={blocks={}}",
+            "key `activation_checkpointing`: expected a string, found map",
+        ),
+        ("activation_checkpointing=\"Blocks\"", r#"expected "none" or "blocks", got "Blocks""#),
+    ];
+    for (set, expected) in cases {
+        let err = load(BASE, &[set]).unwrap_err().to_string();
+        assert!(err.contains(expected), "{set}: {err}");
+    }
+}
