@@ -135,7 +135,7 @@ struct Args {
     rows: Option<usize>,
 }
 
-const USAGE: &str = "usage: burn_train [CORPUS] [--devices N] [--preset NAME] [--epochs N] [--rows N]";
+const USAGE: &str = "usage: burn_train [CORPUS] [--devices N] [--preset NAME] [--epochs N] [--rows N]\n  CORPUS   a UTF-8 text file (default: a small generated text)\n  --devices N  data-parallel replicas (burn-flex, one thread each; default 1)\n  --preset NAME  a GPT-2 preset (default tiny)\n  --epochs N   (default 2)\n  --rows N     use the first N train rows";
 
 /// Parses `[CORPUS] [--devices N] [--preset NAME] [--epochs N] [--rows N]`.
 fn parse_args() -> Result<Args, String> {
@@ -154,6 +154,10 @@ fn parse_args() -> Result<Args, String> {
             "--devices" => a.devices = count("--devices", args.next())?,
             "--epochs" => a.epochs = count("--epochs", args.next())?,
             "--rows" => a.rows = Some(count("--rows", args.next())?),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
             "--preset" => {
                 let name = args.next().ok_or(format!("--preset: expected a model preset; {USAGE}"))?;
                 if ember_model::GptConfig::preset(&name).is_none() {
@@ -163,7 +167,12 @@ fn parse_args() -> Result<Args, String> {
                 }
                 a.preset = name;
             }
-            _ if a.corpus.is_none() && !arg.starts_with('-') => a.corpus = Some(arg.into()),
+            _ if a.corpus.is_none() && !arg.starts_with('-') => {
+                if !Path::new(&arg).is_file() {
+                    return Err(format!("{arg}: not a readable file; expected a UTF-8 text corpus"));
+                }
+                a.corpus = Some(arg.into());
+            }
             _ => return Err(format!("unexpected argument {arg:?}; {USAGE}")),
         }
     }
@@ -189,6 +198,10 @@ fn main() {
         devices,
     };
     let (_, strategy) = train_with_burn(model, train, valid, &setup, Path::new("burn-train-run"));
+    if let Some(reason) = strategy.stop_reason() {
+        eprintln!("error: {reason}");
+        std::process::exit(1);
+    }
     if devices > 1 {
         println!(
             "{devices} replicas: {} optimizer steps, {} exchanges, parameter hashes compared and equal at {} steps",
@@ -455,40 +468,41 @@ mod tests {
     }
 
     /// A replica whose step panics (an out-of-vocabulary token in its rows) stops every
-    /// replica before anything is checkpointed, and the message names it.
+    /// replica before anything is checkpointed, and the message names it — replica 1, or
+    /// rank 0 itself (which tells the others instead of leaving them waiting).
     #[test]
     fn a_failing_replica_stops_every_replica_and_is_named() {
         let _one = one_collective();
         let (work, train, valid, model) = fixture();
-        let mut rows: Vec<Row> = (0..8).map(|i| train.get(i).unwrap()).collect();
-        for row in &mut rows[4..] {
-            row.inputs[0] = 1_000_000; // replica 1's half of the micro-batch
+        for (rank, poisoned) in [(1, 4..8), (0, 0..4)] {
+            let mut rows: Vec<Row> = (0..8).map(|i| train.get(i).unwrap()).collect();
+            for row in &mut rows[poisoned] {
+                row.inputs[0] = 1_000_000; // this rank's half of the micro-batch
+            }
+            let setup = Setup {
+                batch_size: 8,
+                accumulation: 1,
+                epochs: 2,
+                shuffle: None,
+                train_rows: None,
+                resume: None,
+                devices: 2,
+            };
+            let artifacts = work.path().join(format!("failing-{rank}"));
+            let data = burn::data::dataset::InMemDataset::new(rows);
+            let started = std::time::Instant::now();
+            let (_, strategy) = train_with_burn(model.clone(), data, valid.clone(), &setup, &artifacts);
+            assert!(started.elapsed().as_secs() < 60, "no replica waits for the exchange timeout");
+            assert_eq!(strategy.parallel_steps(), 0);
+            assert!(!artifacts.join("checkpoint/model-1.mpk").exists());
+            // (burn-train logs to the first run's experiment.log of the process; the strategy
+            // keeps the reason.)
+            let reason = strategy.stop_reason().unwrap_or_default();
+            let expected = format!("replica {rank} failed: its step panicked: index 1000000 out of bounds");
+            assert!(reason.contains(&expected), "{reason}");
         }
-        let setup = Setup {
-            batch_size: 8,
-            accumulation: 1,
-            epochs: 2,
-            shuffle: None,
-            train_rows: None,
-            resume: None,
-            devices: 2,
-        };
-        let artifacts = work.path().join("failing");
-        let data = burn::data::dataset::InMemDataset::new(rows);
-        let (result, strategy) = train_with_burn(model, data, valid, &setup, &artifacts);
-        let _ = result;
-        assert_eq!(strategy.parallel_steps(), 0);
-        assert!(!artifacts.join("checkpoint/model-1.mpk").exists());
-        // (burn-train logs to the first run's experiment.log of the process; the strategy keeps
-        // the reason.)
-        let reason = strategy.stop_reason().unwrap_or_default();
-        assert!(
-            reason.contains("replica 1 failed: its step panicked: index 1000000 out of bounds"),
-            "{reason}"
-        );
     }
-    /// The epoch's last micro-batch of 1 row (25 rows in micro-batches of 4) goes to replica 0
-    /// alone; the run still equals one device's.
+
     #[test]
     fn a_micro_batch_smaller_than_the_replicas_goes_to_the_first() {
         let _one = one_collective();

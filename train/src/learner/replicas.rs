@@ -109,7 +109,19 @@ impl<B: AutodiffBackend> Peers<B> {
             replica.jobs.send(job).map_err(|_| stopped(rank + 1))?;
         }
         let settings = StepSettings { param_hash: check.then(|| param_hash(target.model())), ..settings };
-        let out = optimizer_step(target, &own, settings, &mut self.peer, None, device);
+        let num_params = target.model().num_params();
+        // A panic in rank 0's own step is its failure: the replicas are told (their exchange
+        // fails) instead of waiting for it until the timeout.
+        let out = match catch_unwind(AssertUnwindSafe(|| {
+            optimizer_step(target, &own, settings, &mut self.peer, None, device)
+        })) {
+            Ok(out) => out,
+            Err(panic) => {
+                self.peer.abort(num_params);
+                let message = format!("its step panicked: {}", panic_message(&*panic));
+                Err(TrainError::ReplicaFailed { rank: 0, message })
+            }
+        };
         stats.exchanges.store(self.peer.all_reduce_calls(), Ordering::Relaxed);
         // Every replica answers. A replica's own failure (not its reaction to another's, nor
         // rank 0's) is the one to report, naming it.
@@ -118,6 +130,9 @@ impl<B: AutodiffBackend> Peers<B> {
             if let Err(e) = replica.results.recv().unwrap_or_else(|_| Err(stopped(rank + 1))) {
                 failures.push((rank + 1, e));
             }
+        }
+        if let Err(e @ TrainError::ReplicaFailed { .. }) = out {
+            return Err(e);
         }
         let own_failure = failures.iter().position(|(_, e)| !e.is_reaction());
         let out = match (out, own_failure) {
@@ -224,15 +239,8 @@ pub(super) fn serve<B, LR, O>(
             Ok(Err(e)) => Err(e),
             Err(panic) => {
                 peer.abort(num_params);
-                let message = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "a panic".into());
-                Err(TrainError::ReplicaFailed {
-                    rank: setup.rank,
-                    message: format!("its step panicked: {message}"),
-                })
+                let message = format!("its step panicked: {}", panic_message(&*panic));
+                Err(TrainError::ReplicaFailed { rank: setup.rank, message })
             }
         };
         let failed = result.is_err();
@@ -242,4 +250,13 @@ pub(super) fn serve<B, LR, O>(
         }
     }
     peer.finish();
+}
+
+/// The text of a panic's payload (a `String` or `&str`; else "a panic").
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic".into())
 }
