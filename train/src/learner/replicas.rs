@@ -178,6 +178,7 @@ pub(super) struct ReplicaSetup<B: AutodiffBackend> {
     pub(super) group: Group,
     pub(super) timeout: Duration,
     pub(super) grad_clip: f64,
+    pub(super) checkpointing: ember_model::ActivationCheckpointing,
 }
 
 /// Joins rank `setup.rank` to the collective.
@@ -228,8 +229,11 @@ pub(super) fn serve<B, LR, O>(
         learner.lr_step();
         let model = learner.model();
         let param_hash = job.check.then(|| param_hash(&model.model));
-        let settings =
-            StepSettings { param_hash, ..StepSettings::new(job.step, learner.lr_current(), setup.grad_clip) };
+        let settings = StepSettings {
+            param_hash,
+            checkpointing: setup.checkpointing,
+            ..StepSettings::new(job.step, learner.lr_current(), setup.grad_clip)
+        };
         let mut target = LearnerTarget { model: Some(model), learner: &mut learner };
         let out = catch_unwind(AssertUnwindSafe(|| {
             optimizer_step(&mut target, &job.micro_batches, settings, &mut peer, None, &setup.device)

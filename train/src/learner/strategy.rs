@@ -15,7 +15,7 @@ use burn_train::{
     TrainingItem, ValidLoader,
 };
 use ember_data::Batch;
-use ember_model::LanguageModel;
+use ember_model::{ActivationCheckpointing, LanguageModel};
 
 use super::model::{EmberLm, LmOutput};
 use super::replicas::{join, serve, Peers, Replica, ReplicaSetup, ReplicaStats};
@@ -67,6 +67,7 @@ pub struct EmberStrategy<B: Backend> {
     /// One per replica; rank 0's (the learner's) first.
     devices: Vec<B::Device>,
     grad_clip: f64,
+    checkpointing: ActivationCheckpointing,
     check_every: u64,
     timeout: Duration,
     /// Shared by the clones of this strategy, so a caller can read them after `launch`.
@@ -79,6 +80,7 @@ impl<B: Backend> EmberStrategy<B> {
         Self {
             devices: vec![device],
             grad_clip: 1.0,
+            checkpointing: ActivationCheckpointing::None,
             check_every: 100,
             timeout: Duration::from_secs(300),
             stats: Arc::default(),
@@ -88,6 +90,13 @@ impl<B: Backend> EmberStrategy<B> {
     /// Global-norm clip threshold; `0` turns clipping off (the norm is still reported).
     pub fn with_grad_clip(mut self, max_norm: f64) -> Self {
         self.grad_clip = max_norm;
+        self
+    }
+
+    /// Activation checkpointing of the step ([`ember_model::checkpoint`]): `Blocks` keeps each
+    /// block's input only and recomputes the block in the backward (default `None`).
+    pub fn with_activation_checkpointing(mut self, mode: ActivationCheckpointing) -> Self {
+        self.checkpointing = mode;
         self
     }
 
@@ -202,6 +211,7 @@ where
                     group: group.clone(),
                     timeout: self.timeout,
                     grad_clip: self.grad_clip,
+                    checkpointing: self.checkpointing,
                 };
                 let copy = learner.clone();
                 scope.spawn(move || serve(setup, copy, job_receiver, result_sender));
@@ -310,7 +320,10 @@ impl<B: AutodiffBackend> EmberStrategy<B> {
             let tokens = micro_batches.iter().map(|b| b.inputs.len()).sum();
             learner.lr_step();
             let lr = learner.lr_current();
-            let settings = StepSettings::new(step, lr, self.grad_clip);
+            let settings = StepSettings {
+                checkpointing: self.checkpointing,
+                ..StepSettings::new(step, lr, self.grad_clip)
+            };
             let mut target = LearnerTarget { model: Some(learner.model()), learner: &mut *learner };
             let out = match peers.as_deref_mut() {
                 None => optimizer_step(&mut target, &micro_batches, settings, &mut Solo, None, device),
