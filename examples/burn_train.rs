@@ -521,15 +521,20 @@ mod tests {
         let (parallel, strategy) = train_with_burn(model, train, valid, &two, &work.path().join("two"));
         assert_eq!(strategy.stop_reason(), None);
         assert_eq!(strategy.parallel_steps(), 4, "7 micro-batches, 2 per step");
-        let (a, b) =
-            (logged(&work.path().join("one"), 1, "Loss"), logged(&work.path().join("two"), 1, "Loss"));
-        assert_eq!(a.len(), 4);
-        for (x, y) in a.iter().zip(&b) {
-            assert!((x - y).abs() <= 1e-5, "{a:?} vs {b:?}");
-        }
+        assert_same_epoch_1(&work.path().join("one"), &work.path().join("two"), 4, 1e-5);
         let diff = max_diff(&params(&single.model), &params(&parallel.model));
         assert!(diff <= 1e-5, "final weights differ by {diff}");
     }
+
+    /// The two runs logged `steps` epoch-1 losses, equal within `tolerance`.
+    fn assert_same_epoch_1(a: &Path, b: &Path, steps: usize, tolerance: f64) {
+        let (la, lb) = (logged(a, 1, "Loss"), logged(b, 1, "Loss"));
+        assert_eq!((la.len(), lb.len()), (steps, steps));
+        for (x, y) in la.iter().zip(&lb) {
+            assert!((x - y).abs() <= tolerance, "{la:?} vs {lb:?}");
+        }
+    }
+
     /// Per-block activation checkpointing under burn-train, on 2 replicas: the same losses
     /// and weights as keeping every activation.
     #[test]
@@ -541,12 +546,7 @@ mod tests {
         let (a, _) =
             train_with_burn(model.clone(), train.clone(), valid.clone(), &none, &work.path().join("none"));
         let (b, _) = train_with_burn(model, train, valid, &blocks, &work.path().join("blocks"));
-        let (la, lb) =
-            (logged(&work.path().join("none"), 1, "Loss"), logged(&work.path().join("blocks"), 1, "Loss"));
-        assert_eq!(la.len(), 3);
-        for (x, y) in la.iter().zip(&lb) {
-            assert!((x - y).abs() <= 1e-6, "{la:?} vs {lb:?}");
-        }
+        assert_same_epoch_1(&work.path().join("none"), &work.path().join("blocks"), 3, 1e-6);
         let diff = max_diff(&params(&a.model), &params(&b.model));
         assert!(diff <= 1e-6, "weights differ by {diff}");
     }
