@@ -24,7 +24,7 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor};
 
-use crate::dropout::{enter_stage, training_without_graph};
+use crate::dropout::{enter_block, training_without_graph};
 use crate::lm::LanguageModel;
 use crate::packing::Packing;
 
@@ -70,7 +70,7 @@ pub fn backward_checkpointed<B: AutodiffBackend>(
         let mut x = inner.embed(tokens, inner_packing.as_ref());
         for layer in 0..n_layer {
             saved.push(x.clone());
-            enter_stage(layer as u64 + 1);
+            enter_block(layer);
             x = inner.block(layer, x, &shared, inner_packing.as_ref());
         }
         x
@@ -87,7 +87,7 @@ pub fn backward_checkpointed<B: AutodiffBackend>(
     let shared = decoder.block_inputs(&tokens, packing);
     for layer in (0..n_layer).rev() {
         let x = Tensor::<B, 3>::from_inner(saved.pop().expect("one saved input per block")).require_grad();
-        enter_stage(layer as u64 + 1);
+        enter_block(layer);
         let y = decoder.block(layer, x.clone(), &shared, packing);
         let mut grads = (y * Tensor::from_inner(incoming)).sum().backward();
         incoming = input_grad(&x, &mut grads);

@@ -129,7 +129,7 @@ pub(crate) fn through_blocks<B: Backend>(
     let seq_len = x.dims()[1];
     for layer in 0..n_layer {
         let layer_cache = cache.as_deref_mut().map(|cache| LayerCache { cache, layer });
-        crate::dropout::enter_stage(layer as u64 + 1);
+        crate::dropout::enter_block(layer);
         x = block(layer, x, layer_cache);
     }
     if let Some(cache) = cache {

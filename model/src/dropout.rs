@@ -66,10 +66,21 @@ pub fn stage_seed(seed: u64, stage: u64) -> u64 {
 }
 
 /// Starts `stage`'s masks inside a [`with_dropout_seed`] region; nothing outside.
-pub(crate) fn enter_stage(stage: u64) {
+fn enter_stage(stage: u64) {
     if let Some(seed) = SEED.with(Cell::get) {
         STAGE.with(|s| s.set(Some((stage_seed(seed, stage), 0))));
     }
+}
+
+/// Starts the embeddings' masks (stage 0).
+pub(crate) fn enter_embeddings() {
+    enter_stage(0);
+}
+
+/// Starts block `layer`'s masks (stage `layer + 1`): the same stage in a forward with a graph,
+/// in the graph-free forward and in the recompute.
+pub(crate) fn enter_block(layer: usize) {
+    enter_stage(layer as u64 + 1);
 }
 
 /// Whether `dropout` zeroes anything here: `prob > 0` and training (an autodiff backend, or

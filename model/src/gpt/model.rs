@@ -117,7 +117,7 @@ impl<B: Backend> Gpt<B> {
     /// then dropout (stage 0 of [`crate::dropout`]): `[batch, seq_len, d_model]`.
     fn embed_at(&self, tokens: Tensor<B, 2, Int>, positions: Tensor<B, 2, Int>) -> Tensor<B, 3> {
         let x = residual_add(self.wte.forward(tokens), self.wpe.forward(positions)); // [B, T, C] + [1 or B, T, C]
-        crate::dropout::enter_stage(0);
+        crate::dropout::enter_embeddings();
         dropout(&self.drop, x)
     }
 

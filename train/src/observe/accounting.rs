@@ -55,15 +55,6 @@ impl Mode {
         }
     }
 
-    /// f32, no checkpointing, attention on `model`'s training path.
-    pub fn fp32(model: &ModelConfig) -> Self {
-        Self {
-            precision: PrecisionKind::Fp32,
-            attention: AttentionPath::of(model),
-            checkpointing: CheckpointingKind::None,
-        }
-    }
-
     /// The matmuls run in 16 bits (bf16-mixed, fp16-mixed).
     fn mixed(&self) -> bool {
         self.precision != PrecisionKind::Fp32

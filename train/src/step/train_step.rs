@@ -399,7 +399,8 @@ fn accumulate_timed<B: AutodiffBackend>(
                 }
                 // 2–4 with per-block recompute: a forward without a graph, then each stage's
                 // forward again and its backward, last block first; every stage's parameter
-                // gradients go to the accumulator. (The recompute counts as backward time.)
+                // gradients go to the accumulator. (Forward time ends when the head's
+                // gradients arrive; the blocks' recompute and backward count as backward time.)
                 ActivationCheckpointing::Blocks => {
                     let (inputs, targets, packing) = batch_inputs::<B>(batch, device);
                     let mut first = true;
