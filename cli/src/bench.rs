@@ -72,8 +72,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let ph = &r.phases;
     let mb = |b: u64| b as f64 / 1e6;
     out!("device           {}", r.device);
-    out!("precision        {}", serde_json::to_value(r.precision)?.as_str().unwrap_or("?"));
-    out!("checkpointing    {}", serde_json::to_value(r.checkpointing)?.as_str().unwrap_or("?"));
+    out!("precision        {}", r.precision.name());
+    out!("checkpointing    {}", r.checkpointing.name());
     out!(
         "steps            {} timed after {} warm-up, {} tokens each",
         r.steps,

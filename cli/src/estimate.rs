@@ -34,12 +34,7 @@ pub struct EstimateArgs {
 }
 
 fn parse_precision(s: &str) -> Result<PrecisionKind, String> {
-    match s {
-        "fp32" => Ok(PrecisionKind::Fp32),
-        "bf16-mixed" => Ok(PrecisionKind::Bf16Mixed),
-        "fp16-mixed" => Ok(PrecisionKind::Fp16Mixed),
-        other => Err(format!("expected fp32, bf16-mixed or fp16-mixed, got {other:?}")),
-    }
+    PrecisionKind::try_from(s.to_string())
 }
 
 /// Runs `ember estimate`.
@@ -72,14 +67,6 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn precision_name(p: PrecisionKind) -> &'static str {
-    match p {
-        PrecisionKind::Fp32 => "fp32",
-        PrecisionKind::Bf16Mixed => "bf16-mixed",
-        PrecisionKind::Fp16Mixed => "fp16-mixed",
-    }
-}
-
 fn gb(bytes: u64) -> String {
     format!("{:.3} GB", bytes as f64 / 1e9)
 }
@@ -93,7 +80,7 @@ fn table(e: &Estimate, config: &RunConfig) -> String {
             format!("{} ({} without position embeddings)", e.params, e.params_without_positions),
         ),
         (
-            format!("persistent, {}", precision_name(e.mode.precision)),
+            format!("persistent, {}", e.mode.precision.name()),
             format!(
                 "{} B/param = f32 weights {} (also the master copy) + f32 grads {} + AdamW m {} + v {} → {}",
                 p.total(),

@@ -23,41 +23,37 @@ pub enum BackendKind {
 
 /// Floating-point mode of the training step (`precision`): what the forward and backward
 /// passes compute in. Weights, gradients, AdamW's moments and checkpoints are f32 in every mode.
+/// Written as its [`PrecisionKind::name`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(try_from = "String")]
+#[serde(try_from = "String", into = "&'static str")]
 pub enum PrecisionKind {
     /// Everything in f32 (default).
     #[default]
-    #[serde(rename = "fp32")]
     Fp32,
     /// The matmuls (linear layers, LM head) in bfloat16 through casts of the f32 weights, as
     /// `torch.autocast(dtype=torch.bfloat16)` does; norms, softmax, the loss and the gradient
     /// norm in f32 ([`ember_model::precision`]).
-    #[serde(rename = "bf16-mixed")]
     Bf16Mixed,
     /// The matmuls in IEEE half precision, f32 elsewhere, with dynamic loss scaling
     /// ([`crate::step::LossScaler`]): initial scale 2¹⁶, halved and the step skipped when the
     /// gradient overflows, doubled after 2000 finite steps in a row.
-    #[serde(rename = "fp16-mixed")]
     Fp16Mixed,
 }
 
-impl TryFrom<String> for PrecisionKind {
-    type Error = String;
+impl PrecisionKind {
+    /// Every mode, in the order error messages list them.
+    pub const ALL: [PrecisionKind; 3] =
+        [PrecisionKind::Fp32, PrecisionKind::Bf16Mixed, PrecisionKind::Fp16Mixed];
 
-    /// `"fp32"`, `"bf16-mixed"` or `"fp16-mixed"`; anything else (another string, a number, a
-    /// table) is an error naming what was expected.
-    fn try_from(text: String) -> Result<Self, String> {
-        match text.as_str() {
-            "fp32" => Ok(PrecisionKind::Fp32),
-            "bf16-mixed" => Ok(PrecisionKind::Bf16Mixed),
-            "fp16-mixed" => Ok(PrecisionKind::Fp16Mixed),
-            _ => Err(format!("expected \"fp32\", \"bf16-mixed\" or \"fp16-mixed\", got {text:?}")),
+    /// Its name in configs and on the command line: `fp32`, `bf16-mixed` or `fp16-mixed`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PrecisionKind::Fp32 => "fp32",
+            PrecisionKind::Bf16Mixed => "bf16-mixed",
+            PrecisionKind::Fp16Mixed => "fp16-mixed",
         }
     }
-}
 
-impl PrecisionKind {
     /// The model's autocast mode.
     pub fn mode(self) -> ember_model::Precision {
         match self {
@@ -68,9 +64,26 @@ impl PrecisionKind {
     }
 }
 
-/// What the training forward keeps for the backward (`activation_checkpointing`).
+impl TryFrom<String> for PrecisionKind {
+    type Error = String;
+
+    /// One of the [`PrecisionKind::name`]s; anything else (another string, a number, a table)
+    /// is an error naming what was expected.
+    fn try_from(text: String) -> Result<Self, String> {
+        by_name(&PrecisionKind::ALL, PrecisionKind::name, &text)
+    }
+}
+
+impl From<PrecisionKind> for &'static str {
+    fn from(p: PrecisionKind) -> Self {
+        p.name()
+    }
+}
+
+/// What the training forward keeps for the backward (`activation_checkpointing`), written as
+/// its [`CheckpointingKind::name`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase", try_from = "String")]
+#[serde(try_from = "String", into = "&'static str")]
 pub enum CheckpointingKind {
     /// Every activation (default).
     #[default]
@@ -81,20 +94,18 @@ pub enum CheckpointingKind {
     Blocks,
 }
 
-impl TryFrom<String> for CheckpointingKind {
-    type Error = String;
+impl CheckpointingKind {
+    /// Every mode, in the order error messages list them.
+    pub const ALL: [CheckpointingKind; 2] = [CheckpointingKind::None, CheckpointingKind::Blocks];
 
-    /// `"none"` or `"blocks"`; anything else is an error naming what was expected.
-    fn try_from(text: String) -> Result<Self, String> {
-        match text.as_str() {
-            "none" => Ok(CheckpointingKind::None),
-            "blocks" => Ok(CheckpointingKind::Blocks),
-            _ => Err(format!("expected \"none\" or \"blocks\", got {text:?}")),
+    /// Its name in configs: `none` or `blocks`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CheckpointingKind::None => "none",
+            CheckpointingKind::Blocks => "blocks",
         }
     }
-}
 
-impl CheckpointingKind {
     /// The model's checkpointing mode.
     pub fn mode(self) -> ember_model::ActivationCheckpointing {
         match self {
@@ -102,6 +113,32 @@ impl CheckpointingKind {
             CheckpointingKind::Blocks => ember_model::ActivationCheckpointing::Blocks,
         }
     }
+}
+
+impl TryFrom<String> for CheckpointingKind {
+    type Error = String;
+
+    /// `"none"` or `"blocks"`; anything else is an error naming what was expected.
+    fn try_from(text: String) -> Result<Self, String> {
+        by_name(&CheckpointingKind::ALL, CheckpointingKind::name, &text)
+    }
+}
+
+impl From<CheckpointingKind> for &'static str {
+    fn from(c: CheckpointingKind) -> Self {
+        c.name()
+    }
+}
+
+/// The one of `all` whose `name` is `text`, else an error listing the names:
+/// `expected "a", "b" or "c", got "text"`.
+fn by_name<T: Copy>(all: &[T], name: fn(T) -> &'static str, text: &str) -> Result<T, String> {
+    all.iter().copied().find(|&t| name(t) == text).ok_or_else(|| {
+        let names: Vec<String> = all.iter().map(|&t| format!("{:?}", name(t))).collect();
+        let (last, rest) = names.split_last().expect("at least one name");
+        let list = if rest.is_empty() { last.clone() } else { format!("{} or {last}", rest.join(", ")) };
+        format!("expected {list}, got {text:?}")
+    })
 }
 
 /// Optimizer and learning-rate schedule (`[optimizer]` table). Defaults are nanoGPT's.
