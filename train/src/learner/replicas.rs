@@ -16,8 +16,9 @@ use ember_data::Batch;
 
 use super::model::EmberLm;
 use super::strategy::{EmberComponents, LearnerTarget};
+use crate::config::Strategy;
 use crate::error::TrainError;
-use crate::parallel::{param_hash, CollectivePeer, Group};
+use crate::parallel::{join_group, param_hash, CollectivePeer, Group};
 use crate::step::{optimizer_step, GradSync, StepOutput, StepSettings, StepTarget};
 
 /// What the replicas of a strategy's last `fit` did, for the caller to check.
@@ -181,7 +182,8 @@ pub(super) struct ReplicaSetup<B: AutodiffBackend> {
     pub(super) checkpointing: ember_model::ActivationCheckpointing,
 }
 
-/// Joins rank `setup.rank` to the collective.
+/// Joins rank `rank` of `world` to the local collective of `group` (tree all-reduce, as
+/// [`Group::local`] configures it).
 ///
 /// Errors: burn-collective refuses it, or the other replicas do not join in time.
 pub(super) fn join<B: AutodiffBackend>(
@@ -191,15 +193,7 @@ pub(super) fn join<B: AutodiffBackend>(
     group: Group,
     timeout: Duration,
 ) -> Result<CollectivePeer<B>, TrainError> {
-    CollectivePeer::register(
-        rank,
-        world,
-        device.clone(),
-        group.rounds,
-        group.local_barrier,
-        timeout,
-        "tree".into(),
-    )
+    join_group(rank, world, device, group, timeout, Strategy::Tree)
 }
 
 /// The loop of replica `setup.rank`: joins the collective, then for each job advances its

@@ -18,7 +18,7 @@ use crate::error::TrainError;
 /// orchestrator (the coordinator's port and the next one) and this node's data-service port.
 pub fn collective_config(config: &RunConfig, local: usize) -> Vec<CollectiveConfig> {
     let strategy = all_reduce_strategy(config.parallel.strategy);
-    let base = CollectiveConfig::default().with_num_devices(local).with_local_all_reduce_strategy(strategy);
+    let base = local_config(local, config.parallel.strategy);
     let p = &config.parallel;
     if p.nodes <= 1 {
         return vec![base];
@@ -36,6 +36,14 @@ pub fn collective_config(config: &RunConfig, local: usize) -> Vec<CollectiveConf
                 .with_global_all_reduce_strategy(strategy)
         })
         .collect()
+}
+
+/// burn-collective's configuration of `local` replicas in one process, all-reducing with
+/// `strategy`.
+fn local_config(local: usize, strategy: Strategy) -> CollectiveConfig {
+    CollectiveConfig::default()
+        .with_num_devices(local)
+        .with_local_all_reduce_strategy(all_reduce_strategy(strategy))
 }
 
 fn all_reduce_strategy(strategy: Strategy) -> AllReduceStrategy {
@@ -105,10 +113,10 @@ impl Group {
     /// The group of `local` replicas in this process and no other (tree all-reduce), for
     /// callers without a run configuration (the burn-train strategy).
     pub fn local(local: usize) -> Self {
-        let strategy = all_reduce_strategy(Strategy::Tree);
-        let config =
-            CollectiveConfig::default().with_num_devices(local).with_local_all_reduce_strategy(strategy);
-        Self { rounds: vec![config], local_barrier: Arc::new(Barrier::new(local)) }
+        Self {
+            rounds: vec![local_config(local, Strategy::Tree)],
+            local_barrier: Arc::new(Barrier::new(local)),
+        }
     }
 }
 
@@ -121,15 +129,30 @@ pub fn join<B: AutodiffBackend>(
     device: &B::Device,
     group: Group,
 ) -> Result<CollectivePeer<B>, TrainError> {
-    let strategy = strategy_name(config.parallel.strategy).to_string();
     let timeout = Duration::from_secs(config.parallel.timeout_s);
+    join_group(rank, config.world_size(), device, group, timeout, config.parallel.strategy)
+}
+
+/// Joins rank `rank` of `world_size` to the collective of `group` on `device`, naming
+/// `strategy` (the one `group` was configured with), waiting at most `timeout` for the others.
+///
+/// Errors: burn-collective refuses the registration; the other ranks do not join in time.
+pub fn join_group<B: AutodiffBackend>(
+    rank: usize,
+    world_size: usize,
+    device: &B::Device,
+    group: Group,
+    timeout: Duration,
+    strategy: Strategy,
+) -> Result<CollectivePeer<B>, TrainError> {
+    let name = strategy_name(strategy).to_string();
     CollectivePeer::register(
         rank,
-        config.world_size(),
+        world_size,
         device.clone(),
         group.rounds,
         group.local_barrier,
         timeout,
-        strategy,
+        name,
     )
 }

@@ -26,4 +26,4 @@ pub use collective::CollectivePeer;
 pub use coordinator::{check_data_ports, check_ports_free, serve_coordinator, start_coordinator};
 pub use fault::{Corruption, FaultInjector, Faults};
 pub use hash::{param_hash, settings_hash, text_hash};
-pub use layout::{describe, join, Group};
+pub use layout::{describe, join, join_group, Group};
