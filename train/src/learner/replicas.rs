@@ -111,18 +111,9 @@ impl<B: AutodiffBackend> Peers<B> {
         }
         let settings = StepSettings { param_hash: check.then(|| param_hash(target.model())), ..settings };
         let num_params = target.model().num_params();
-        // A panic in rank 0's own step is its failure: the replicas are told (their exchange
-        // fails) instead of waiting for it until the timeout.
-        let out = match catch_unwind(AssertUnwindSafe(|| {
-            optimizer_step(target, &own, settings, &mut self.peer, None, device)
-        })) {
-            Ok(out) => out,
-            Err(panic) => {
-                self.peer.abort(num_params);
-                let message = format!("its step panicked: {}", panic_message(&*panic));
-                Err(TrainError::ReplicaFailed { rank: 0, message })
-            }
-        };
+        let out = guarded_step(0, &mut self.peer, num_params, |peer| {
+            optimizer_step(target, &own, settings, peer, None, device)
+        });
         stats.exchanges.store(self.peer.all_reduce_calls(), Ordering::Relaxed);
         // Every replica answers. A replica's own failure (not its reaction to another's, nor
         // rank 0's) is the one to report, naming it.
@@ -229,18 +220,10 @@ pub(super) fn serve<B, LR, O>(
             ..StepSettings::new(job.step, learner.lr_current(), setup.grad_clip)
         };
         let mut target = LearnerTarget { model: Some(model), learner: &mut learner };
-        let out = catch_unwind(AssertUnwindSafe(|| {
-            optimizer_step(&mut target, &job.micro_batches, settings, &mut peer, None, &setup.device)
-        }));
-        let result = match out {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e),
-            Err(panic) => {
-                peer.abort(num_params);
-                let message = format!("its step panicked: {}", panic_message(&*panic));
-                Err(TrainError::ReplicaFailed { rank: setup.rank, message })
-            }
-        };
+        let result = guarded_step(setup.rank, &mut peer, num_params, |peer| {
+            optimizer_step(&mut target, &job.micro_batches, settings, peer, None, &setup.device)
+        })
+        .map(|_| ());
         let failed = result.is_err();
         let _ = results.send(result);
         if failed {
@@ -248,6 +231,25 @@ pub(super) fn serve<B, LR, O>(
         }
     }
     peer.finish();
+}
+
+/// Runs replica `rank`'s optimizer step `step` through `peer`. A panic in it is this replica's
+/// failure: the others are told at once (their exchange fails naming this rank) instead of
+/// waiting for it until the timeout, and it becomes [`TrainError::ReplicaFailed`].
+fn guarded_step<B: AutodiffBackend>(
+    rank: usize,
+    peer: &mut CollectivePeer<B>,
+    num_params: usize,
+    step: impl FnOnce(&mut CollectivePeer<B>) -> Result<StepOutput<B::InnerBackend>, TrainError>,
+) -> Result<StepOutput<B::InnerBackend>, TrainError> {
+    match catch_unwind(AssertUnwindSafe(|| step(&mut *peer))) {
+        Ok(out) => out,
+        Err(panic) => {
+            peer.abort(num_params);
+            let message = format!("its step panicked: {}", panic_message(&*panic));
+            Err(TrainError::ReplicaFailed { rank, message })
+        }
+    }
 }
 
 /// The text of a panic's payload (a `String` or `&str`; else "a panic").
