@@ -5,8 +5,8 @@
 //!
 //! Burn 0.21 deadlocks when `backward()` runs inside a custom `Backward`, so the recompute is
 //! driven from outside the graph, stage by stage ([`backward_checkpointed`]):
-//! 1. the whole forward on the inner backend (no graph), keeping the `n_layer + 1` block
-//!    inputs `[batch, seq_len, d_model]`;
+//! 1. the whole forward on the inner backend (no graph), keeping the `n_layer` block inputs
+//!    `[batch, seq_len, d_model]` and the last block's output;
 //! 2. final norm, LM head and loss with a graph on the last block's output, and their backward;
 //! 3. for each block in reverse: the block again with a graph on its saved input, and the
 //!    backward of `Σ (output ⊙ incoming gradient)` — whose gradient with respect to the
