@@ -81,15 +81,27 @@ fn table(e: &Estimate, config: &RunConfig) -> String {
         ),
         (
             format!("persistent, {}", e.mode.precision.name()),
-            format!(
-                "{} B/param = f32 weights {} (also the master copy) + f32 grads {} + AdamW m {} + v {} → {}",
-                p.total(),
-                p.weights,
-                p.grads,
-                p.adam_m,
-                p.adam_v,
-                gb(e.persistent_bytes)
-            ),
+            match e.mode.optimizer_shards {
+                1 => format!(
+                    "{} B/param = f32 weights {} (also the master copy) + f32 grads {} + AdamW m {} + v {} → {}",
+                    p.total(),
+                    p.weights,
+                    p.grads,
+                    p.adam_m,
+                    p.adam_v,
+                    gb(e.persistent_bytes)
+                ),
+                w => format!(
+                    "{:.2} B/param per rank = f32 weights {} (also the master copy) + f32 grads {} + (AdamW m {} + v {}) / {w} ranks (ZeRO-1) → {} per rank, of which AdamW {}",
+                    p.per_rank(w),
+                    p.weights,
+                    p.grads,
+                    p.adam_m,
+                    p.adam_v,
+                    gb(e.persistent_bytes),
+                    gb(e.optimizer_state_bytes)
+                ),
+            },
         ),
         (
             "16-bit weight copies".into(),

@@ -107,6 +107,66 @@ fn two_processes_match_one_process_with_twice_the_micro_batch() {
     assert!(!w.join("runs/node1/metrics.jsonl").exists());
 }
 
+/// ZeRO-1 across two processes: each node keeps half the AdamW state and they train as one
+/// process with two replicas and replicated state does (20 steps; losses within 1e-6 and the
+/// same validation loss at the end); the last step's checkpoint, gathered from both nodes,
+/// continues in one process.
+#[test]
+fn two_processes_sharding_the_optimizer_state_match_two_replicas_replicating_it() {
+    let Some(dir) = shakespeare() else { return };
+    let w = dir.path();
+    let steps = ["--set", "max_steps=20", "--set", "eval_every=20", "--set", "log_every=1"];
+    let sharded = [&steps[..], &["--set", "parallel.shard_optimizer=true"]].concat();
+    let port = free_ports();
+    let nodes: Vec<Child> = (0..2).map(|rank| node(w, rank, port, &sharded)).collect();
+    let mut logs = Vec::new();
+    for (rank, child) in nodes.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "node {rank} failed\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        logs.push(stdout);
+    }
+    assert!(logs[0].contains("optimizer state: sharded over 2 ranks (ZeRO-1)"), "{}", logs[0]);
+    let config = example_config();
+    let mut replicated = vec![
+        "train",
+        "--config",
+        &config,
+        "--data",
+        "prepared",
+        "--run-dir",
+        "runs/replicated",
+        "--devices",
+        "2",
+    ];
+    replicated.extend(steps);
+    ok(&replicated, w);
+    let (a, b) = (train_losses(&w.join("runs/node0")), train_losses(&w.join("runs/replicated")));
+    assert_eq!(a.len(), 20);
+    for ((step, x), (_, y)) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-6, "step {step}: loss {x} (2 nodes, sharded) vs {y} (2 replicas)");
+    }
+    let val = |run: &str| {
+        let text = std::fs::read_to_string(w.join(run).join("metrics.jsonl")).unwrap();
+        let evals: Vec<f64> = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|v| v["kind"] == "eval" && v["step"] == 20)
+            .map(|v| v["val_loss"].as_f64().unwrap())
+            .collect();
+        evals[0]
+    };
+    let (x, y) = (val("runs/node0"), val("runs/replicated"));
+    assert!((x - y).abs() <= 1e-6, "val loss {x} (sharded) vs {y} (replicated)");
+    let more = ["train", "--resume", "runs/node0", "--set", "max_steps=22", "--set", "parallel.nodes=1"];
+    let out = ok(&more, w);
+    assert!(out.contains("step     22 | loss"), "{out}");
+}
+
 #[test]
 fn a_node_that_disappears_stops_the_other_within_the_timeout() {
     let Some(dir) = shakespeare() else { return };

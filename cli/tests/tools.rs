@@ -58,6 +58,17 @@ fn estimate_gives_two_gigabytes_of_persistent_state_for_gpt2_124m() {
     assert_eq!(b["mode"]["checkpointing"], "blocks");
     assert_eq!(b["peak"], b["peak_bytes"][1]);
     assert!(b["peak"].as_u64().unwrap() < e["peak"].as_u64().unwrap());
+    // ZeRO-1 on 2 ranks: 4 + 4 + 8/2 B/param per rank.
+    let sharded = ["--set", "devices=2", "--set", "parallel.shard_optimizer=true"];
+    let z = json(&ok(&[&["estimate", "--config", "gpt2.toml", "--json"][..], &sharded].concat(), dir.path()));
+    assert_eq!(z["mode"]["optimizer_shards"], 2);
+    assert_eq!(z["persistent_bytes"], 124_475_904u64 * 12);
+    assert_eq!(z["optimizer_state_bytes"], 124_475_904u64 * 4);
+    let table = ok(&[&["estimate", "--config", "gpt2.toml"][..], &sharded].concat(), dir.path());
+    assert!(
+        table.contains("12.00 B/param per rank = f32 weights 4 (also the master copy) + f32 grads 4 + (AdamW m 4 + v 4) / 2 ranks (ZeRO-1) → 1.494 GB per rank, of which AdamW 0.498 GB"),
+        "{table}"
+    );
     let mixed = [&blocks[..], &["--set", "precision=\"fp16-mixed\""]].concat();
     assert_eq!(json(&ok(&mixed, dir.path()))["per_param"]["low_precision_copy"], 2);
     let err = fails(

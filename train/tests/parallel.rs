@@ -85,8 +85,9 @@ fn two_ranks_equal_one_rank_with_twice_the_micro_batch() {
     let _g = serial();
     let (p, params) = assert_same_run(&["devices=2", "micro_batch_size=4"], &["micro_batch_size=8"]);
     assert_eq!(p[0].allreduce, "tree");
-    // [flattened gradients | 22 slots of sums (Σ NLL, 2 token limbs, stop, failed, 17 of hash)] in f32.
-    assert_eq!(p[0].allreduce_bytes, 4 * (params + 22) as u64);
+    // [flattened gradients | 23 slots of sums (Σ NLL, 2 token limbs, stop, checkpoint, failed,
+    // 17 of hash)] in f32.
+    assert_eq!(p[0].allreduce_bytes, 4 * (params + 23) as u64);
 }
 
 #[test]

@@ -213,7 +213,14 @@ fn memory_lines(d: &Dashboard) -> Vec<Line<'static>> {
             0 => String::new(),
             b => format!(" + {b} B/matmul weight (16-bit copy)"),
         };
-        lines.push(Line::raw(format!("state      {} B/param{copy}", e.per_param.total())));
+        let state = match e.mode.optimizer_shards {
+            1 => format!("{}", e.per_param.total()),
+            w => format!("{:.2} (AdamW over {w} ranks)", e.per_param.per_rank(w)),
+        };
+        lines.push(Line::raw(format!("state      {state} B/param{copy}")));
+    }
+    if let Some(bytes) = d.last.as_ref().map(|r| r.optimizer_state_bytes).filter(|&b| b > 0) {
+        lines.push(Line::raw(format!("AdamW      {} on rank 0", mb(bytes))));
     }
     if let Some(rss) = d.last.as_ref().and_then(|r| r.rss_bytes) {
         lines.push(Line::raw(format!("RSS now    {}", mb(rss))));

@@ -69,6 +69,9 @@ pub struct ParallelConfig {
     pub timeout_s: u64,
     /// Compare the replicas' parameter hashes every N steps (0: at every logged step).
     pub check_every: u64,
+    /// ZeRO-1: each rank keeps the AdamW moments of only its share of the parameters and
+    /// updates only those; the updated parameters are gathered after each step.
+    pub shard_optimizer: bool,
 }
 
 impl Default for ParallelConfig {
@@ -83,6 +86,7 @@ impl Default for ParallelConfig {
             strategy: Strategy::Tree,
             timeout_s: 300,
             check_every: 0,
+            shard_optimizer: false,
         }
     }
 }

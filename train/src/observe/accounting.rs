@@ -43,6 +43,9 @@ pub struct Mode {
     pub attention: AttentionPath,
     /// `activation_checkpointing`.
     pub checkpointing: CheckpointingKind,
+    /// Ranks the AdamW state is sharded over (`[parallel] shard_optimizer`, ZeRO-1); 1 when it
+    /// is replicated.
+    pub optimizer_shards: u64,
 }
 
 impl Mode {
@@ -52,6 +55,10 @@ impl Mode {
             precision: config.precision,
             attention: AttentionPath::of(&config.model),
             checkpointing: config.activation_checkpointing,
+            optimizer_shards: match config.parallel.shard_optimizer {
+                true => config.world_size() as u64,
+                false => 1,
+            },
         }
     }
 
@@ -90,9 +97,18 @@ impl PerParam {
         PerParam { weights: 4, grads: 4, master: 0, adam_m: 4, adam_v: 4, low_precision_copy: copy }
     }
 
-    /// Persistent bytes per parameter: 16 in every mode.
+    /// Persistent bytes per parameter: 16 in every mode (without sharding).
     pub fn total(&self) -> u64 {
         self.weights + self.grads + self.master + self.adam_m + self.adam_v
+    }
+
+    /// Persistent bytes per parameter on one rank with the AdamW state sharded over `shards`
+    /// ranks (ZeRO-1, Rajbhandari et al. 2020 §5.1: the optimizer state divided by the
+    /// data-parallel degree; weights and gradients stay whole): `weights + grads + (master + m
+    /// + v) / shards`.
+    pub fn per_rank(&self, shards: u64) -> f64 {
+        let sharded = (self.master + self.adam_m + self.adam_v) as f64 / shards.max(1) as f64;
+        (self.weights + self.grads) as f64 + sharded
     }
 }
 
@@ -221,8 +237,12 @@ pub struct Estimate {
     pub mode: Mode,
     /// Bytes per parameter.
     pub per_param: PerParam,
-    /// Persistent bytes: parameters × [`PerParam::total`].
+    /// Persistent bytes on one rank: parameters × [`PerParam::total`], or with ZeRO-1
+    /// parameters × (weights + grads) + [`Self::optimizer_state_bytes`].
     pub persistent_bytes: u64,
+    /// AdamW state bytes on one rank: parameters × (m + v), divided by
+    /// [`Mode::optimizer_shards`] (the real split is by whole tensors: `ember train` prints it).
+    pub optimizer_state_bytes: u64,
     /// The 16-bit weight copies alive at the peak (mixed modes): every matmul weight's, or with
     /// checkpointing one layer's and the LM head's.
     pub low_precision_copy_bytes: u64,
@@ -381,7 +401,9 @@ pub fn estimate(
     let d = dims(model, mode.precision);
     let params = model.num_params() as u64;
     let per_param = PerParam::of(mode.precision);
-    let persistent_bytes = params * per_param.total();
+    let optimizer_state = params * (per_param.master + per_param.adam_m + per_param.adam_v);
+    let optimizer_state_bytes = optimizer_state.div_ceil(mode.optimizer_shards.max(1));
+    let persistent_bytes = params * (per_param.weights + per_param.grads) + optimizer_state_bytes;
     let rows = micro_batch * seq_len; // B·T
     let btd = rows * d.d_model * 4; // one f32 [B, T, d]
     let per_layer = rows * d.layer_bytes;
@@ -432,6 +454,7 @@ pub fn estimate(
         mode,
         per_param,
         persistent_bytes,
+        optimizer_state_bytes,
         low_precision_copy_bytes: if blocks { copies_blocks } else { copies_none },
         activations,
         peak_bytes,
@@ -495,7 +518,7 @@ mod tests {
     use super::*;
 
     fn mode(precision: PrecisionKind, attention: AttentionPath) -> Mode {
-        Mode { precision, attention, checkpointing: CheckpointingKind::None }
+        Mode { precision, attention, checkpointing: CheckpointingKind::None, optimizer_shards: 1 }
     }
 
     /// The activations of `model` at shakespeare-char's shapes: 12 rows of 64 tokens.
@@ -544,6 +567,28 @@ mod tests {
         assert_eq!(mixed_blocks.low_precision_copy_bytes, 2 * (12 * 768 * 768 + 50_304 * 768));
         assert_eq!(mixed_blocks.peak, mixed_blocks.peak_bytes.1);
         assert_eq!(mixed.peak, mixed.peak_bytes.0);
+    }
+
+    /// ZeRO-1 divides the AdamW state only: GPT-2 124M on 2 ranks keeps 4 + 4 + 8/2 = 12
+    /// B/param per rank (1.49 GB instead of 1.99); on 3 ranks 8 + 8/3.
+    #[test]
+    fn sharded_optimizer_state_divides_the_moments_by_the_ranks() {
+        let model = ModelConfig::preset("gpt2").unwrap();
+        let params = 124_475_904u64;
+        let sharded = |shards| {
+            let mode = Mode { optimizer_shards: shards, ..mode(PrecisionKind::Fp32, AttentionPath::Fused) };
+            estimate(&model, 1, 128, 256, shards, mode, None, 0.4)
+        };
+        let (one, two, three) = (sharded(1), sharded(2), sharded(3));
+        assert_eq!(one.optimizer_state_bytes, params * 8);
+        assert_eq!(one.persistent_bytes, params * 16);
+        assert_eq!(two.optimizer_state_bytes, params * 4);
+        assert_eq!(two.persistent_bytes, params * 12); // 1,493,710,848 B
+        assert_eq!(three.optimizer_state_bytes, 331_935_744); // 995,807,232 / 3
+        assert_eq!(three.persistent_bytes, params * 8 + 331_935_744);
+        assert_eq!(two.per_param.per_rank(2), 12.0);
+        assert!((two.per_param.per_rank(3) - (8.0 + 8.0 / 3.0)).abs() < 1e-12);
+        assert_eq!(one.peak - two.peak, params * 4, "the peak falls by what the rank no longer keeps");
     }
 
     #[test]

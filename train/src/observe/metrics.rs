@@ -87,6 +87,10 @@ pub struct TrainRecord {
     /// On CUDA: bytes node 0's device pool has reserved from the driver.
     #[serde(default)]
     pub device_reserved_bytes: Option<u64>,
+    /// Bytes of AdamW state (first and second moments) rank 0 holds: 8 B per parameter, or
+    /// its shard's with `[parallel] shard_optimizer` (ZeRO-1).
+    #[serde(default)]
+    pub optimizer_state_bytes: u64,
     /// The 64-bit parameter hash compared at this step (16 hex digits; `null` when not
     /// compared).
     #[serde(default)]

@@ -33,6 +33,7 @@ fn train(step: u64) -> Record {
         rss_bytes: None,
         device_in_use_bytes: None,
         device_reserved_bytes: None,
+        optimizer_state_bytes: 0,
         tokens: step * 10,
         elapsed_s: step as f64,
     })

@@ -2,18 +2,23 @@
 //! through Burn's collective engine (burn-collective).
 //!
 //! The exchanged buffer is `[∇ Σ NLL of every parameter (flattened, in module order) | Σ NLL |
-//! scored tokens (two 16-bit limbs) | stop | failed ranks | parameter-hash bytes | their
-//! squares | hash present]`, all summed in f32:
+//! scored tokens (two 16-bit limbs) | stop | checkpoint | failed ranks | parameter-hash bytes |
+//! their squares | hash present]`, all summed in f32:
 //! - the gradients and Σ NLL are divided by the summed token count afterwards, so the update
 //!   is the global batch's token mean (the count is reduced before the loss is normalized);
 //!   the count travels as `tokens mod 2¹⁶` and `tokens div 2¹⁶`, whose sums are exact in f32
 //!   for up to 256 ranks, so it arrives as an exact integer (a single f32 would round past
 //!   2²⁴ tokens);
 //! - `stop > 0` means some rank asked to stop (every rank stops after the same step);
+//!   `checkpoint > 0` that some rank asked for a checkpoint after it;
 //! - `failed ranks` is Σ (rank + 1) over ranks that hit an error: the others stop too, naming it;
 //! - the 8 bytes of each rank's 64-bit parameter hash and their squares are summed: the hashes
 //!   are all equal exactly when, for every byte, Σ x² · W = (Σ x)² (zero variance) — exact
 //!   in f32 for up to 256 ranks.
+//!
+//! ZeRO-1's gathers ([`GradSync::gather`]) carry the same layout, parameters in place of the
+//! gradients and nothing but the failure slot set, so a rank that fails while the others
+//! gather still reaches them.
 
 use std::sync::{mpsc, Arc, Barrier};
 use std::time::Duration;
@@ -27,12 +32,13 @@ use super::buffer::{flatten, unflatten};
 use crate::error::TrainError;
 use crate::step::{Contribution, Exchanged, GradSync};
 
-/// Slots after the flattened gradients: Σ NLL, tokens (2 limbs), stop, failed ranks, 8 hash
-/// bytes, 8 squares, hash present.
-pub const EXTRAS: usize = 5 + 8 + 8 + 1;
+/// Slots after the flattened gradients: Σ NLL, tokens (2 limbs), stop, checkpoint, failed
+/// ranks, 8 hash bytes, 8 squares, hash present.
+pub const EXTRAS: usize = 6 + 8 + 8 + 1;
 
-/// Where the hash bytes start among the extras.
-const HASH: usize = 5;
+/// Where the failure slot and the hash bytes are among the extras.
+const FAILED: usize = 5;
+const HASH: usize = 6;
 
 /// The most scored tokens one rank may contribute to a step: two 16-bit limbs.
 const MAX_TOKENS: u64 = 1 << 32;
@@ -140,12 +146,32 @@ impl<B: AutodiffBackend> CollectivePeer<B> {
         Ok(Tensor::from_primitive(TensorPrimitive::Float(reduced)))
     }
 
+    /// The extras of a reduced buffer whose payload is `n` long, read back; the error naming
+    /// the failed rank when one said it failed.
+    fn tail(&self, reduced: &Tensor<B::InnerBackend, 1>, n: usize) -> Result<Vec<f32>, TrainError> {
+        let tail: Vec<f32> =
+            reduced.clone().slice(n..n + EXTRAS).into_data().convert::<f32>().to_vec().expect("f32");
+        match tail[FAILED] {
+            failed if failed > 0.0 => {
+                Err(TrainError::PeerFailed { rank: failed.round() as usize - 1, this_rank: self.rank })
+            }
+            _ => Ok(tail),
+        }
+    }
+
     /// The slots after Σ NLL: every value a small integer, so their sums are exact in f32.
-    fn extras(&self, tokens: u64, stop: bool, failed: bool, hash: Option<u64>) -> Tensor<B::InnerBackend, 1> {
+    fn extras(
+        &self,
+        tokens: u64,
+        [stop, checkpoint]: [bool; 2],
+        failed: bool,
+        hash: Option<u64>,
+    ) -> Tensor<B::InnerBackend, 1> {
         let mut extras = vec![
             (tokens & 0xFFFF) as f32,
             (tokens >> 16) as f32,
             f32::from(u8::from(stop)),
+            f32::from(u8::from(checkpoint)),
             if failed { (self.rank + 1) as f32 } else { 0.0 },
         ];
         let bytes = hash.map_or([0u8; 8], u64::to_le_bytes);
@@ -181,16 +207,12 @@ impl<B: AutodiffBackend> GradSync<B> for CollectivePeer<B> {
         }
         let flat = flatten::<B>(model, &local.grads);
         let n = flat.dims()[0];
-        let extras = self.extras(local.tokens, local.stop, false, local.param_hash);
+        let extras = self.extras(local.tokens, [local.stop, local.checkpoint], false, local.param_hash);
         let buffer = Tensor::cat(vec![flat, local.nll_sum.to_device(&self.device), extras], 0);
         let reduced = self.all_reduce(buffer)?;
-        let tail: Vec<f32> =
-            reduced.clone().slice(n..n + EXTRAS).into_data().convert::<f32>().to_vec().expect("f32");
+        let tail = self.tail(&reduced, n)?;
         let tokens = tail[1] as u64 + ((tail[2] as u64) << 16);
-        let (stop, failed) = (tail[3] > 0.0, tail[4]);
-        if failed > 0.0 {
-            return Err(TrainError::PeerFailed { rank: failed.round() as usize - 1, this_rank: self.rank });
-        }
+        let (stop, checkpoint) = (tail[3] > 0.0, tail[4] > 0.0);
         let hashes_agree = (tail[EXTRAS - 1] > 0.0).then(|| {
             let w = self.world_size as f32;
             (0..8).all(|i| {
@@ -200,12 +222,24 @@ impl<B: AutodiffBackend> GradSync<B> for CollectivePeer<B> {
         });
         let grads = unflatten::<B>(model, reduced.clone().slice(0..n));
         let nll_sum = reduced.slice(n..n + 1);
-        Ok(Exchanged { grads, nll_sum, tokens, stop, hashes_agree })
+        Ok(Exchanged { grads, nll_sum, tokens, stop, checkpoint, hashes_agree })
+    }
+
+    fn gather(
+        &mut self,
+        buffer: Tensor<B::InnerBackend, 1>,
+    ) -> Result<Tensor<B::InnerBackend, 1>, TrainError> {
+        let n = buffer.dims()[0];
+        let zero = Tensor::zeros([1], &self.device);
+        let extras = self.extras(0, [false, false], false, None);
+        let reduced = self.all_reduce(Tensor::cat(vec![buffer.to_device(&self.device), zero, extras], 0))?;
+        self.tail(&reduced, n)?;
+        Ok(reduced.slice(0..n))
     }
 
     fn abort(&mut self, n: usize) {
         let zeros = Tensor::<B::InnerBackend, 1>::zeros([n + 1], &self.device);
-        let buffer = Tensor::cat(vec![zeros, self.extras(0, true, true, None)], 0);
+        let buffer = Tensor::cat(vec![zeros, self.extras(0, [true, false], true, None)], 0);
         let _ = self.all_reduce(buffer);
     }
 

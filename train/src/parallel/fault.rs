@@ -98,6 +98,13 @@ impl<B: AutodiffBackend> GradSync<B> for FaultInjector<B> {
         Ok(reduced)
     }
 
+    fn gather(
+        &mut self,
+        buffer: Tensor<B::InnerBackend, 1>,
+    ) -> Result<Tensor<B::InnerBackend, 1>, TrainError> {
+        self.inner.gather(buffer)
+    }
+
     fn abort(&mut self, num_params: usize) {
         self.inner.abort(num_params);
     }

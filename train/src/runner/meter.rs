@@ -47,6 +47,8 @@ pub(super) struct Logged<'a, B: AutodiffBackend> {
     pub sentinel: &'a SentinelState,
     /// fp16-mixed: the loss scaler after this step.
     pub scaler: Option<&'a LossScaler>,
+    /// Bytes of AdamW state this rank holds.
+    pub optimizer_state_bytes: usize,
 }
 
 /// Sums a replica's step times, data waits and exchange times between log lines, and the
@@ -83,7 +85,9 @@ impl Meter {
             flops_per_token: estimate_run(config, None, 1.0).flops_per_token as f64,
             peak_flops,
             world_size,
-            bytes_per_step: sync.bytes_per_exchange(num_params) as u64,
+            // ZeRO-1 gathers the updated parameters in a second exchange of the same size.
+            bytes_per_step: (sync.bytes_per_exchange(num_params)
+                * if config.parallel.shard_optimizer { 2 } else { 1 }) as u64,
             strategy: sync.strategy(),
         }
     }
@@ -159,6 +163,7 @@ impl Meter {
             rss_bytes: rss_bytes("VmRSS:"),
             device_in_use_bytes: out.device_memory.map(|m| m.in_use_bytes),
             device_reserved_bytes: out.device_memory.map(|m| m.reserved_bytes),
+            optimizer_state_bytes: logged.optimizer_state_bytes as u64,
             skipped_steps: logged.sentinel.skipped_steps,
             spikes: logged.sentinel.spikes,
             loss_scale: logged.scaler.map(|s| s.scale),

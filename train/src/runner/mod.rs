@@ -33,6 +33,7 @@ use crate::parallel::{FaultInjector, Faults, Group};
 use crate::persist::{checkpoint, files};
 use crate::step::optim::AdamWGroups;
 use crate::step::schedule::LrSchedule;
+use crate::step::shard::{OptimizerShard, Partition};
 use crate::step::{GradSync, Solo};
 use controls::Controls;
 use feed::Feed;
@@ -195,6 +196,16 @@ fn describe<B: AutodiffBackend>(
         data.meta.vocab_size
     ));
     let world_size = config.world_size();
+    if config.parallel.shard_optimizer && world_size > 1 {
+        let partition = Partition::of(model, world_size);
+        let shares: Vec<String> =
+            partition.elements.iter().map(|n| format!("{:.1} MB", 8.0 * *n as f64 / 1e6)).collect();
+        log(&format!(
+            "optimizer state: sharded over {world_size} ranks (ZeRO-1); AdamW moments per rank: {} (unsharded: {:.1} MB each); the updated parameters are gathered after every step",
+            shares.join(", "),
+            8.0 * model.num_params() as f64 / 1e6
+        ));
+    }
     log(&format!(
         "global batch: {} sequences × {} tokens = {} tokens per optimizer step (micro-batch {} × {} accumulation steps × {} rank{})",
         config.sequences_per_step(world_size),
@@ -289,9 +300,14 @@ impl Replicas<'_> {
         let config = self.plan.config;
         let feed =
             Feed::start(self.data.clone(), config, self.plan.start.sampler, rank, config.world_size())?;
+        let world_size = config.world_size();
         let mut optimizer = AdamWGroups::new(&config.optimizer, model);
+        if config.parallel.shard_optimizer && world_size > 1 {
+            optimizer = optimizer.sharded(OptimizerShard { rank, world_size });
+        }
         if let Some(dir) = &self.resume_dir {
-            optimizer = checkpoint::load_optimizer(dir, optimizer, device)?;
+            // A checkpoint holds the whole state; a sharded rank keeps its own part.
+            optimizer = checkpoint::load_optimizer(dir, optimizer, device)?.keep_own(model);
         }
         let mut sync: Box<dyn GradSync<B> + Send> = match &self.group {
             None => Box::new(Solo),

@@ -21,6 +21,7 @@ use crate::persist::checkpoint::{self, TrainState};
 use crate::step::eval::evaluate;
 use crate::step::optim::AdamWGroups;
 use crate::step::schedule::LrSchedule;
+use crate::step::shard::{gather_optimizer_state, optimizer_state_bytes};
 use crate::step::{
     scalar, train_step, Anomaly, GradSync, Judgement, LossScaler, Sentinel, StepOutput, StepSettings,
 };
@@ -150,6 +151,9 @@ fn train_loop<B: AutodiffBackend>(
             lr: plan.schedule.lr(step),
             grad_clip: config.optimizer.grad_clip,
             stop: plan.controls.stop_requested(),
+            // The dashboard's checkpoint request, taken by the leader only (the replicas of a
+            // process share its controls); every rank learns of it in the exchange.
+            checkpoint: leader.is_some() && plan.controls.take_checkpoint(),
             param_hash: check.then(|| param_hash(&model) ^ settings_hash),
             timed: logging,
             precision: config.precision.mode(),
@@ -182,6 +186,13 @@ fn train_loop<B: AutodiffBackend>(
         let judgement = out.judgement.as_ref().expect("the run loop's steps are judged");
         let stop_reason = sentinel.stop_reason(judgement);
         let last = step == config.max_steps || out.stop || stop_reason.is_some();
+        // Every rank knows when a checkpoint is written: with ZeRO-1 each takes part in
+        // gathering the whole optimizer state for it.
+        let checkpoint = due(config.checkpoint_every, step) || last || out.checkpoint;
+        let whole_state = match (checkpoint, r.optimizer.shard()) {
+            (true, Some(_)) => Some(gather_optimizer_state(&model, &r.optimizer, r.sync.as_mut())?),
+            _ => None,
+        };
         meter.step(started.elapsed().as_secs_f64(), data_wait, &out);
         if let Some(leader) = leader.as_mut() {
             let done = StepDone {
@@ -193,6 +204,8 @@ fn train_loop<B: AutodiffBackend>(
                 last,
                 sources: &data.sources,
                 stopping: stop_reason.is_some(),
+                checkpoint,
+                optimizer: whole_state.as_ref().unwrap_or(&r.optimizer),
             };
             if let Some(val_loss) = leader.after_step(plan, &mut meter, done, &state, &model, r)? {
                 final_val_loss = Some(val_loss);
@@ -246,6 +259,10 @@ struct StepDone<'a, B: AutodiffBackend> {
     sources: &'a [BatchSource],
     /// The sentinel stops the run after this step.
     stopping: bool,
+    /// A checkpoint is written after this step.
+    checkpoint: bool,
+    /// The whole optimizer state (with ZeRO-1: gathered from every rank's shard).
+    optimizer: &'a AdamWGroups<LanguageModel<B>, B>,
 }
 
 impl Leader<'_> {
@@ -296,21 +313,21 @@ impl Leader<'_> {
                 elapsed_s: plan.elapsed(state),
                 sentinel: &state.sentinel,
                 scaler: state.loss_scaler.as_ref(),
+                optimizer_state_bytes: optimizer_state_bytes(model, &replica.optimizer),
             };
             let record = meter.record(logged, replica.sync.all_reduce_calls());
             (self.log)(&record.to_string());
             self.metrics.write(&Record::Train(record))?;
         }
-        let due = |every: u64| every > 0 && step % every == 0;
         let mut val_loss = None;
-        if due(config.eval_every) || done.last {
+        if due(config.eval_every, step) || done.last {
             let started = Instant::now();
             val_loss = Some(self.evaluate(plan, model, &replica.device, step, state)?);
             meter.eval(started.elapsed());
         }
-        if due(config.checkpoint_every) || done.last || plan.controls.take_checkpoint() {
+        if done.checkpoint {
             let started = Instant::now();
-            self.checkpoint(plan, state, model, &replica.optimizer, replica.sync.world_size())?;
+            self.checkpoint(plan, state, model, done.optimizer, replica.sync.world_size())?;
             meter.checkpoint(started.elapsed());
         }
         Ok(val_loss)
@@ -383,6 +400,11 @@ fn event_record<B: AutodiffBackend>(
         sources: done.sources.to_vec(),
         elapsed_s,
     }
+}
+
+/// Whether something done every `every` steps (0: never) is due at `step`.
+fn due(every: u64, step: u64) -> bool {
+    every > 0 && step.is_multiple_of(every)
 }
 
 /// Whether the replicas' parameter hashes are compared at `step`: every

@@ -10,6 +10,7 @@
 //!   global-norm clipping of the gradients (parallel over tensors on burn-flex);
 //! - [`schedule`]: warmup + cosine, advanced once per optimizer step;
 //! - [`sentinel`]: the stability sentinel (non-finite steps skipped, loss spikes);
+//! - [`shard`]: ZeRO-1, the AdamW state sharded across ranks (`[parallel] shard_optimizer`);
 //! - [`sync`]: the gradient exchange as the step sees it ([`GradSync`], [`Solo`]);
 //! - [`batch`], [`eval`]: host batches to tensors; the validation loss.
 //!
@@ -27,6 +28,7 @@ mod precision_tests;
 pub mod scaler;
 pub mod schedule;
 pub mod sentinel;
+pub mod shard;
 pub mod sync;
 pub mod train_step;
 

@@ -13,6 +13,7 @@ use burn::tensor::Tensor;
 
 use super::adamw::FusedAdamW;
 pub use super::clip::{clip_grad_norm, scale_grads};
+use super::shard::OptimizerShard;
 use crate::config::OptimizerConfig;
 
 /// Ember's fused AdamW for one module, in Burn's adaptor (which walks the module and keeps the
@@ -61,6 +62,8 @@ pub struct AdamWGroups<M: AutodiffModule<B>, B: AutodiffBackend> {
     no_decay: AdamWAdaptor<M, B>,
     /// The split, for the start-of-run report.
     pub census: Census,
+    /// ZeRO-1: the share of the parameters this rank updates (`None`: all of them).
+    shard: Option<OptimizerShard>,
 }
 
 impl<M: AutodiffModule<B>, B: AutodiffBackend> AdamWGroups<M, B> {
@@ -86,7 +89,31 @@ impl<M: AutodiffModule<B>, B: AutodiffBackend> AdamWGroups<M, B> {
             }
             .into()
         };
-        Self { decay: adamw(config.weight_decay), no_decay: adamw(0.0), census }
+        Self { decay: adamw(config.weight_decay), no_decay: adamw(0.0), census, shard: None }
+    }
+
+    /// ZeRO-1 ([`super::shard`]): this optimizer keeps state for and updates only the
+    /// parameters `shard` owns; the others' gradients are dropped at each step. Call
+    /// [`Self::keep_own`] after loading a whole record.
+    pub fn sharded(mut self, shard: OptimizerShard) -> Self {
+        self.shard = Some(shard);
+        self
+    }
+
+    /// The share of the parameters this optimizer updates (`None`: all of them).
+    pub fn shard(&self) -> Option<OptimizerShard> {
+        self.shard
+    }
+
+    /// Drops the state of `module`'s parameters this rank does not own (after loading a
+    /// checkpoint's whole state into a sharded optimizer); unsharded, nothing changes.
+    pub fn keep_own(self, module: &M) -> Self {
+        let Some(shard) = self.shard else { return self };
+        let owned = shard.owned_ids(module);
+        let (mut decay, mut no_decay) = self.to_record();
+        decay.retain(|id, _| owned.contains(id));
+        no_decay.retain(|id, _| owned.contains(id));
+        self.load_record((decay, no_decay))
     }
 
     /// One update with learning rate `lr`; consumes the gradients (they are reset every step).
@@ -94,6 +121,18 @@ impl<M: AutodiffModule<B>, B: AutodiffBackend> AdamWGroups<M, B> {
     /// The groups are read off `module` at every step, not remembered: loading a record
     /// replaces parameter ids, and a stale split would silently decay LayerNorm gains.
     pub fn step(&mut self, lr: f64, module: M, mut grads: GradientsParams) -> M {
+        if let Some(shard) = self.shard {
+            // ZeRO-1: only the own parameters are updated (and get state).
+            let owned = shard.owned_ids(&module);
+            let mut keep = KeepOwned::<B> {
+                owned: &owned,
+                from: &mut grads,
+                into: GradientsParams::new(),
+                backend: PhantomData,
+            };
+            module.visit(&mut keep);
+            grads = keep.into;
+        }
         let no_decay = take_no_decay::<B, M>(&module, &mut grads);
         let module = self.decay.step(lr, module, grads);
         self.no_decay.step(lr, module, no_decay)
@@ -148,6 +187,25 @@ fn take_no_decay<B: AutodiffBackend, M: AutodiffModule<B>>(
         }
     }
     no_decay
+}
+
+/// Moves the gradients of the parameters in `owned` out of `from` into their own
+/// [`GradientsParams`].
+struct KeepOwned<'a, B> {
+    owned: &'a std::collections::HashSet<ParamId>,
+    from: &'a mut GradientsParams,
+    into: GradientsParams,
+    backend: PhantomData<B>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for KeepOwned<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if self.owned.contains(&param.id) {
+            if let Some(grad) = self.from.remove::<B::InnerBackend, D>(param.id) {
+                self.into.register(param.id, grad);
+            }
+        }
+    }
 }
 
 /// Moves each parameter's summed multi-device gradient into one [`GradientsParams`].

@@ -19,6 +19,9 @@ pub struct Contribution<B: AutodiffBackend> {
     pub tokens: u64,
     /// This rank asks every rank to stop after this step.
     pub stop: bool,
+    /// This rank asks for a checkpoint after this step (the dashboard's `c`), which every rank
+    /// takes part in when the optimizer state is sharded.
+    pub checkpoint: bool,
     /// This rank's parameter hash, when replicas are checked at this step.
     pub param_hash: Option<u64>,
 }
@@ -33,6 +36,8 @@ pub struct Exchanged<B: AutodiffBackend> {
     pub tokens: u64,
     /// Some rank asked to stop.
     pub stop: bool,
+    /// Some rank asked for a checkpoint after this step.
+    pub checkpoint: bool,
     /// `Some(agree)` when hashes were compared in this exchange.
     pub hashes_agree: Option<bool>,
 }
@@ -51,6 +56,15 @@ pub trait GradSync<B: AutodiffBackend> {
         model: &LanguageModel<B>,
         local: Contribution<B>,
     ) -> Result<Exchanged<B>, TrainError>;
+    /// All-gathers a `[num_params]` buffer in which this rank filled the slots it owns and
+    /// −0.0 everywhere else (ZeRO-1, [`super::shard`]): the sum over all ranks, so every rank
+    /// receives every owner's values exactly. One collective call, the size of an exchange.
+    ///
+    /// Errors: as [`Self::exchange`].
+    fn gather(
+        &mut self,
+        buffer: Tensor<B::InnerBackend, 1>,
+    ) -> Result<Tensor<B::InnerBackend, 1>, TrainError>;
     /// Tells the other ranks that this rank failed, so they stop instead of waiting for it
     /// (`num_params`: the model's parameter count, the size of the exchange).
     fn abort(&mut self, num_params: usize);
@@ -81,8 +95,15 @@ impl<B: AutodiffBackend> GradSync<B> for Solo {
             nll_sum: local.nll_sum,
             tokens: local.tokens,
             stop: local.stop,
+            checkpoint: local.checkpoint,
             hashes_agree: local.param_hash.map(|_| true),
         })
+    }
+    fn gather(
+        &mut self,
+        buffer: Tensor<B::InnerBackend, 1>,
+    ) -> Result<Tensor<B::InnerBackend, 1>, TrainError> {
+        Ok(buffer)
     }
     fn abort(&mut self, _: usize) {}
     fn all_reduce_calls(&self) -> usize {

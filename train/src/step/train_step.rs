@@ -17,6 +17,7 @@ use super::batch::to_tensors;
 use super::loss::nll_sum;
 use super::optim::{clip_grad_norm, scale_grads, AdamWGroups};
 use super::sentinel::{Judgement, Sentinel};
+use super::shard::gather_params;
 use super::sync::{Contribution, GradSync};
 use crate::error::TrainError;
 use crate::observe::device::{device_memory, DeviceMemory};
@@ -33,6 +34,8 @@ pub struct StepOutput<B: Backend> {
     pub scored_tokens: usize,
     /// Some rank asked to stop after this step (Ctrl-C, `q`): every rank stops.
     pub stop: bool,
+    /// Some rank asked for a checkpoint after this step ([`StepSettings::checkpoint`]).
+    pub checkpoint: bool,
     /// The parameter hashes compared in this step's exchange: `Some(true)` when every rank
     /// had the same parameters after the previous step.
     pub replicas_agree: Option<bool>,
@@ -70,6 +73,9 @@ pub struct StepSettings {
     pub grad_clip: f64,
     /// This rank asks every rank to stop after this step.
     pub stop: bool,
+    /// This rank asks for a checkpoint after this step (the dashboard's `c`): every rank
+    /// learns of it in the exchange ([`StepOutput::checkpoint`]).
+    pub checkpoint: bool,
     /// This rank's parameter hash (after the previous step), to compare across ranks.
     pub param_hash: Option<u64>,
     /// Wait for the device at the end of each phase, so their times are exact (costs a
@@ -104,6 +110,7 @@ impl StepSettings {
             lr,
             grad_clip,
             stop: false,
+            checkpoint: false,
             param_hash: None,
             timed: false,
             precision: Precision::Fp32,
@@ -163,6 +170,13 @@ pub trait StepTarget<B: AutodiffBackend> {
     fn model(&self) -> &LanguageModel<B>;
     /// Applies the (clipped) gradient at learning rate `lr`, consuming it.
     fn apply(&mut self, lr: f64, grads: GradientsParams);
+    /// After [`Self::apply`] (or a skipped update), makes the model whole on every rank when
+    /// each rank updated only its own shard (ZeRO-1, [`super::shard`]); nothing otherwise.
+    ///
+    /// Errors: the exchange's (a rank failed, a timeout).
+    fn gather(&mut self, _sync: &mut dyn GradSync<B>) -> Result<(), TrainError> {
+        Ok(())
+    }
 }
 
 /// A model with Ember's AdamW: the usual [`StepTarget`].
@@ -193,6 +207,13 @@ impl<B: AutodiffBackend> StepTarget<B> for Trainee<'_, B> {
     fn apply(&mut self, lr: f64, grads: GradientsParams) {
         let model = self.model.take().expect("a trainee always holds its model between steps");
         self.model = Some(self.optimizer.step(lr, model, grads));
+    }
+
+    fn gather(&mut self, sync: &mut dyn GradSync<B>) -> Result<(), TrainError> {
+        let Some(shard) = self.optimizer.shard() else { return Ok(()) };
+        let model = self.model.take().expect("a trainee always holds its model between steps");
+        self.model = Some(gather_params(model, shard, sync)?);
+        Ok(())
     }
 }
 
@@ -242,6 +263,9 @@ pub fn optimizer_step<B: AutodiffBackend>(
     if !overflow && !judgement_skips {
         target.apply(settings.lr, grads);
     }
+    // ZeRO-1: every rank updated its own shard; the others' are gathered (on skipped steps
+    // too, so every rank takes part in the same collective calls).
+    target.gather(sync)?;
     if settings.timed {
         let _ = B::sync(device);
     }
@@ -250,6 +274,7 @@ pub fn optimizer_step<B: AutodiffBackend>(
         grad_norm,
         scored_tokens: global.scored_tokens,
         stop: global.stop,
+        checkpoint: global.checkpoint,
         replicas_agree: global.replicas_agree,
         sync_time: global.sync_time,
         forward_backward_time: global.forward_backward_time,
@@ -440,6 +465,8 @@ pub struct GlobalGradients<B: AutodiffBackend> {
     pub scored_tokens: usize,
     /// Some rank asked to stop after this step.
     pub stop: bool,
+    /// Some rank asked for a checkpoint after this step.
+    pub checkpoint: bool,
     /// `Some(true)` when the parameter hashes were compared and agreed.
     pub replicas_agree: Option<bool>,
     /// Time in the gradient exchange (including waiting for slower ranks).
@@ -486,6 +513,7 @@ pub fn global_gradients<B: AutodiffBackend>(
         nll_sum,
         tokens: tokens as u64,
         stop: settings.stop,
+        checkpoint: settings.checkpoint,
         param_hash: settings.param_hash,
     };
     let global = sync.exchange(model, local)?;
@@ -502,6 +530,7 @@ pub fn global_gradients<B: AutodiffBackend>(
         loss: global.nll_sum / scored_tokens as f64,
         scored_tokens,
         stop: global.stop,
+        checkpoint: global.checkpoint,
         replicas_agree: global.hashes_agree,
         sync_time,
         forward_backward_time,

@@ -326,7 +326,20 @@ impl<B: AutodiffBackend> GradSync<B> for Gathered<B> {
             nll_sum = nll_sum + nll;
             tokens += t;
         }
-        Ok(Exchanged { grads: grads.grads(), nll_sum, tokens, stop: false, hashes_agree: None })
+        Ok(Exchanged {
+            grads: grads.grads(),
+            nll_sum,
+            tokens,
+            stop: false,
+            checkpoint: false,
+            hashes_agree: None,
+        })
+    }
+
+    /// Replay updates every parameter on rank 0 (sharding the optimizer state changes no
+    /// number), so nothing is gathered.
+    fn gather(&mut self, _: Tensor<B::InnerBackend, 1>) -> Result<Tensor<B::InnerBackend, 1>, TrainError> {
+        Err(TrainError::Exchange { rank: 0, message: "a replay does not shard the optimizer state".into() })
     }
 
     fn abort(&mut self, _: usize) {}

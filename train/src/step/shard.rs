@@ -1,0 +1,289 @@
+//! ZeRO-1: the AdamW state sharded across data-parallel ranks (Rajbhandari et al. 2020, "ZeRO:
+//! Memory Optimizations Toward Training Trillion Parameter Models", stage 1, `P_os`).
+//!
+//! Every rank keeps the whole model and computes the whole (reduced) gradient, as without
+//! sharding; each parameter tensor's AdamW moments live on one rank only, its *owner*
+//! ([`Partition`]), which alone updates that tensor. After the update the owners' new values
+//! are gathered ([`gather_params`]) so every rank holds the whole model again for the next
+//! forward. A checkpoint gathers the moments on every rank ([`gather_optimizer_state`]), so its
+//! files are those of an unsharded run and resume at any world size, sharded or not.
+//!
+//! burn-collective 0.21 has all-reduce, reduce and broadcast but no reduce-scatter or
+//! all-gather. The gradients are therefore all-reduced as without sharding (each rank then
+//! drops what it does not own), and the gather is a second all-reduce of a `[num_params]`
+//! buffer in which each rank fills the parameters it owns and −0.0 elsewhere: `x + (−0.0) = x`
+//! for every f32 `x` (−0.0 included), so every rank receives the owners' values bit for bit.
+//! That is twice the traffic of an unsharded step (a reduce-scatter plus an all-gather would
+//! cost one all-reduce's worth).
+
+use std::collections::HashSet;
+
+use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::optim::record::AdaptorRecord;
+use burn::optim::{AdamWState, AdaptiveMomentumState, Optimizer};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::Tensor;
+
+use super::optim::{AdamWGroups, AdamWRecord};
+use super::sync::GradSync;
+use crate::error::TrainError;
+
+/// Which rank owns each parameter tensor's optimizer state: a deterministic, balanced split by
+/// element count (PyTorch's `ZeroRedundancyOptimizer` partition: tensors from the largest
+/// down, each to the rank that owns the fewest elements so far, the lower rank on a tie; equal
+/// sizes in module order).
+///
+/// Whole tensors are assigned, so the split is only as even as the tensors allow: a tensor
+/// larger than `1/W` of the model (a large embedding on a small model) makes its owner hold
+/// more.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Partition {
+    /// The owner of each float parameter tensor, in module visiting order.
+    pub owners: Vec<usize>,
+    /// The elements owned by each rank.
+    pub elements: Vec<usize>,
+}
+
+impl Partition {
+    /// The split of tensors of `sizes` elements (in module order) over `world_size` ranks.
+    pub fn balanced(sizes: &[usize], world_size: usize) -> Self {
+        let world_size = world_size.max(1);
+        let mut order: Vec<usize> = (0..sizes.len()).collect();
+        order.sort_by_key(|&i| (std::cmp::Reverse(sizes[i]), i));
+        let (mut owners, mut elements) = (vec![0; sizes.len()], vec![0; world_size]);
+        for i in order {
+            let rank = (0..world_size).min_by_key(|&r| (elements[r], r)).expect("at least one rank");
+            owners[i] = rank;
+            elements[rank] += sizes[i];
+        }
+        Self { owners, elements }
+    }
+
+    /// The split of `module`'s float parameters over `world_size` ranks.
+    pub fn of<B: Backend, M: burn::module::Module<B>>(module: &M, world_size: usize) -> Self {
+        let mut sizes = Vec::new();
+        module.visit(&mut EachParam(|_, numel: usize, _| sizes.push(numel)));
+        Self::balanced(&sizes, world_size)
+    }
+}
+
+/// This rank's share of the optimizer state: rank `rank` of `world_size`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OptimizerShard {
+    /// This rank, from 0.
+    pub rank: usize,
+    /// Number of data-parallel ranks.
+    pub world_size: usize,
+}
+
+impl OptimizerShard {
+    /// The ids of `module`'s parameters whose state this rank keeps and which it updates
+    /// (read off the module each time: loading a record replaces the ids).
+    pub fn owned_ids<B: Backend, M: burn::module::Module<B>>(&self, module: &M) -> HashSet<ParamId> {
+        let partition = Partition::of(module, self.world_size);
+        let mut owned = HashSet::new();
+        let mut index = 0;
+        module.visit(&mut EachParam(|id, _, _| {
+            if partition.owners[index] == self.rank {
+                owned.insert(id);
+            }
+            index += 1;
+        }));
+        owned
+    }
+}
+
+/// Calls `f(id, element count, rank)` for every float parameter, in module order.
+struct EachParam<F>(F);
+
+impl<B: Backend, F: FnMut(ParamId, usize, usize)> ModuleVisitor<B> for EachParam<F> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        (self.0)(param.id, param.lazy_shape().num_elements(), D);
+    }
+}
+
+/// Each rank's updated parameters gathered on every rank: after a sharded update, `module`
+/// holds this rank's own parameters up to date and the others stale; the result holds every
+/// owner's values (one [`GradSync::gather`]). The own tensors are kept; the others are copied
+/// out of the gathered buffer, so no rank keeps more than one copy of the weights.
+///
+/// Errors: the exchange's (a rank failed, a timeout).
+pub fn gather_params<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: M,
+    shard: OptimizerShard,
+    sync: &mut dyn GradSync<B>,
+) -> Result<M, TrainError> {
+    let owned = shard.owned_ids(&module);
+    struct Fill<'a, B: AutodiffBackend> {
+        owned: &'a HashSet<ParamId>,
+        pieces: Vec<Tensor<B::InnerBackend, 1>>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Fill<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let value = param.val().inner();
+            let n = value.shape().num_elements();
+            self.pieces.push(match self.owned.contains(&param.id) {
+                true => value.reshape([n]),
+                false => Tensor::full([n], -0.0f32, &value.device()),
+            });
+        }
+    }
+    let mut fill = Fill::<B> { owned: &owned, pieces: Vec::new() };
+    module.visit(&mut fill);
+    let gathered = sync.gather(Tensor::cat(fill.pieces, 0))?;
+    struct Take<'a, B: AutodiffBackend> {
+        owned: &'a HashSet<ParamId>,
+        gathered: Tensor<B::InnerBackend, 1>,
+        offset: usize,
+    }
+    impl<B: AutodiffBackend> ModuleMapper<B> for Take<'_, B> {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            let (id, value, mapper) = param.consume();
+            let shape = value.shape();
+            let n = shape.num_elements();
+            let range = self.offset..self.offset + n;
+            self.offset += n;
+            if self.owned.contains(&id) {
+                return Param::from_mapped_value(id, value, mapper);
+            }
+            let require_grad = value.is_require_grad();
+            // `× 1` copies the slice into a buffer of its own (exact for every value).
+            let piece = self.gathered.clone().slice(range).mul_scalar(1.0).reshape(shape);
+            Param::from_mapped_value(id, Tensor::from_inner(piece).set_require_grad(require_grad), mapper)
+        }
+    }
+    Ok(module.map(&mut Take::<B> { owned: &owned, gathered, offset: 0 }))
+}
+
+/// The whole AdamW state (every rank's shard) on every rank, for a checkpoint: `optimizer`
+/// holds this rank's shard of `module`'s state; the result holds every parameter's, as an
+/// unsharded optimizer would (three [`GradSync::gather`]s: first moments, second moments and
+/// step counts; the counts travel as f32, exact below 2²⁴ steps).
+///
+/// Errors: the exchange's (a rank failed, a timeout).
+pub fn gather_optimizer_state<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    optimizer: &AdamWGroups<M, B>,
+    sync: &mut dyn GradSync<B>,
+) -> Result<AdamWGroups<M, B>, TrainError> {
+    let (decay, no_decay) = optimizer.to_record();
+    // Each parameter's (step count, m, v) as flat buffers, −0.0 where this rank has no state.
+    struct Fill<'a, M: AutodiffModule<B>, B: AutodiffBackend> {
+        records: [&'a AdamWRecord<M, B>; 2],
+        pieces: [Vec<Tensor<B::InnerBackend, 1>>; 3],
+    }
+    impl<M: AutodiffModule<B>, B: AutodiffBackend> ModuleVisitor<B> for Fill<'_, M, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let n = param.lazy_shape().num_elements();
+            let device = param.lazy_device();
+            let none = || Tensor::<B::InnerBackend, 1>::full([n], -0.0f32, &device);
+            let state = self.records.iter().find_map(|r| r.get(&param.id)).cloned();
+            let [time, m, v] = match state.map(|s| s.into_state::<D>().momentum) {
+                Some(s) => [
+                    Tensor::full([n], s.time as f32, &device),
+                    s.moment_1.reshape([n]),
+                    s.moment_2.reshape([n]),
+                ],
+                None => [none(), none(), none()],
+            };
+            for (pieces, piece) in self.pieces.iter_mut().zip([time, m, v]) {
+                pieces.push(piece);
+            }
+        }
+    }
+    let mut fill = Fill::<M, B> { records: [&decay, &no_decay], pieces: Default::default() };
+    module.visit(&mut fill);
+    let [time, m, v] = fill.pieces;
+    let mut gathered = Vec::new();
+    for pieces in [time, m, v] {
+        gathered.push(sync.gather(Tensor::cat(pieces, 0))?);
+    }
+    let [time, m, v]: [Tensor<B::InnerBackend, 1>; 3] = gathered.try_into().expect("three buffers");
+    let counts: Vec<f32> = time.into_data().convert::<f32>().to_vec().expect("f32");
+    // Rebuilt per parameter, in the group its rank puts it in (as `AdamWGroups::step` does).
+    struct Rebuild<M: AutodiffModule<B>, B: AutodiffBackend> {
+        counts: Vec<f32>,
+        m: Tensor<B::InnerBackend, 1>,
+        v: Tensor<B::InnerBackend, 1>,
+        offset: usize,
+        records: (AdamWRecord<M, B>, AdamWRecord<M, B>),
+    }
+    impl<M: AutodiffModule<B>, B: AutodiffBackend> ModuleVisitor<B> for Rebuild<M, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let shape = param.lazy_shape();
+            let n = shape.num_elements();
+            let range = self.offset..self.offset + n;
+            self.offset += n;
+            let time = self.counts[range.start] as usize;
+            if n == 0 || time == 0 {
+                return; // no state yet (before the first step)
+            }
+            let piece =
+                |t: &Tensor<B::InnerBackend, 1>| t.clone().slice(range.clone()).reshape(shape.clone());
+            let momentum = AdaptiveMomentumState {
+                time,
+                moment_1: piece(&self.m),
+                moment_2: piece(&self.v),
+                max_moment_2: None,
+            };
+            let record = AdaptorRecord::from_state::<D>(AdamWState { momentum });
+            let group = if D >= 2 { &mut self.records.0 } else { &mut self.records.1 };
+            group.insert(param.id, record);
+        }
+    }
+    let mut rebuild = Rebuild::<M, B> { counts, m, v, offset: 0, records: Default::default() };
+    module.visit(&mut rebuild);
+    Ok(optimizer.clone().load_record(rebuild.records))
+}
+
+/// Bytes of AdamW state (`m` and `v`, f32 or as stored) that `optimizer` holds for `module`:
+/// what this rank really keeps — all of the model's 8 B/param unsharded, its shard's with
+/// ZeRO-1.
+pub fn optimizer_state_bytes<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    optimizer: &AdamWGroups<M, B>,
+) -> usize {
+    let (decay, no_decay) = optimizer.to_record();
+    struct Count<'a, M: AutodiffModule<B>, B: AutodiffBackend> {
+        records: [&'a AdamWRecord<M, B>; 2],
+        bytes: usize,
+    }
+    impl<M: AutodiffModule<B>, B: AutodiffBackend> ModuleVisitor<B> for Count<'_, M, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(state) = self.records.iter().find_map(|r| r.get(&param.id)).cloned() {
+                let s = state.into_state::<D>().momentum;
+                let bytes = |t: &Tensor<B::InnerBackend, D>| t.shape().num_elements() * t.dtype().size();
+                self.bytes += bytes(&s.moment_1) + bytes(&s.moment_2);
+                self.bytes += s.max_moment_2.as_ref().map_or(0, bytes);
+            }
+        }
+    }
+    let mut count = Count::<M, B> { records: [&decay, &no_decay], bytes: 0 };
+    module.visit(&mut count);
+    count.bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// By hand: sizes 10, 3, 7, 7, 1 from the largest down, each to the least-loaded rank.
+    /// Two ranks: 10 → 0; 7 (3rd) → 1; 7 (4th) → 1 (7 < 10); 3 → 0 (10 < 14); 1 → 0 (13 < 14).
+    /// Three: 10 → 0, 7 → 1, 7 → 2, 3 → 1 (tie of 7 and 7: the lower rank), 1 → 2 (7 < 10).
+    #[test]
+    fn balanced_partition_by_hand() {
+        let sizes = [10, 3, 7, 7, 1];
+        let two = Partition::balanced(&sizes, 2);
+        assert_eq!(two.owners, [0, 0, 1, 1, 0]);
+        assert_eq!(two.elements, [14, 14]);
+        let three = Partition::balanced(&sizes, 3);
+        assert_eq!(three.owners, [0, 1, 1, 2, 2]);
+        assert_eq!(three.elements, [10, 10, 8]);
+        assert_eq!(Partition::balanced(&sizes, 1).owners, [0; 5]);
+        // More ranks than tensors: the last own nothing.
+        let seven = Partition::balanced(&sizes, 7);
+        assert_eq!(seven.elements, [10, 7, 7, 3, 1, 0, 0]);
+        // Deterministic, and a pure function of the sizes.
+        assert_eq!(Partition::balanced(&sizes, 3), three);
+    }
+}
