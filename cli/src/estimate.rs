@@ -147,6 +147,13 @@ fn table(e: &Estimate, config: &RunConfig) -> String {
             format!("{} ({} with activation checkpointing)", gb(a.total), gb(a.total_checkpointed)),
         ),
         (
+            "gradient exchange".into(),
+            match e.exchange_bytes {
+                0 => "none (1 rank)".into(),
+                b => format!("{} (the flattened gradients and their reduced copy, 8 B/param, after the backward pass)", gb(b)),
+            },
+        ),
+        (
             "peak per device".into(),
             match e.mode.checkpointing {
                 CheckpointingKind::None => {

@@ -248,8 +248,13 @@ pub struct Estimate {
     pub low_precision_copy_bytes: u64,
     /// Activation bytes of one micro-batch.
     pub activations: Activations,
-    /// Peak bytes per device without and with activation checkpointing: persistent + 16-bit
-    /// weight copies + activations + the backward working set.
+    /// With several ranks: the gradient exchange's buffers, alive after the backward pass
+    /// while the gradients are — the flattened gradients and their reduced copy, 8 B/param
+    /// (`parallel::collective`); 0 for one rank.
+    pub exchange_bytes: u64,
+    /// Peak bytes per device without and with activation checkpointing: the larger of the
+    /// backward pass's (persistent + 16-bit weight copies + activations + the backward working
+    /// set) and the gradient exchange's (persistent + [`Self::exchange_bytes`]).
     pub peak_bytes: (u64, u64),
     /// The peak of the run's own checkpointing mode (one of `peak_bytes`).
     pub peak: u64,
@@ -439,9 +444,11 @@ pub fn estimate(
         backward_working_set,
         total_checkpointed,
     };
+    let exchange_bytes = if world_size > 1 { 8 * params } else { 0 };
+    let exchange = persistent_bytes + exchange_bytes;
     let peak_bytes = (
-        persistent_bytes + copies_none + total + backward_working_set,
-        persistent_bytes + copies_blocks + total_checkpointed + backward_working_set,
+        (persistent_bytes + copies_none + total + backward_working_set).max(exchange),
+        (persistent_bytes + copies_blocks + total_checkpointed + backward_working_set).max(exchange),
     );
     let blocks = mode.checkpointing == CheckpointingKind::Blocks;
     let flops_per_token = 6 * params + 12 * d.n_layer * d.d_model * seq_len;
@@ -457,6 +464,7 @@ pub fn estimate(
         optimizer_state_bytes,
         low_precision_copy_bytes: if blocks { copies_blocks } else { copies_none },
         activations,
+        exchange_bytes,
         peak_bytes,
         peak: if blocks { peak_bytes.1 } else { peak_bytes.0 },
         flops_per_token,
@@ -588,7 +596,14 @@ mod tests {
         assert_eq!(three.persistent_bytes, params * 8 + 331_935_744);
         assert_eq!(two.per_param.per_rank(2), 12.0);
         assert!((two.per_param.per_rank(3) - (8.0 + 8.0 / 3.0)).abs() < 1e-12);
-        assert_eq!(one.peak - two.peak, params * 4, "the peak falls by what the rank no longer keeps");
+        // Two ranks exchange the gradients: 8 B/param of buffers after the backward pass, whose
+        // peak is the larger here (1 × 128 tokens of activations are 0.115 GB).
+        assert_eq!(one.exchange_bytes, 0, "one rank: nothing exchanged");
+        assert_eq!(two.exchange_bytes, params * 8);
+        assert_eq!(two.peak, params * 12 + params * 8);
+        let replicated =
+            estimate(&model, 1, 128, 256, 2, mode(PrecisionKind::Fp32, AttentionPath::Fused), None, 0.4);
+        assert_eq!(replicated.peak - two.peak, params * 4, "the peak falls by what the rank no longer keeps");
     }
 
     #[test]

@@ -157,8 +157,9 @@ pub fn gather_params<B: AutodiffBackend, M: AutodiffModule<B>>(
 
 /// The whole AdamW state (every rank's shard) on every rank, for a checkpoint: `optimizer`
 /// holds this rank's shard of `module`'s state; the result holds every parameter's, as an
-/// unsharded optimizer would (three [`GradSync::gather`]s: first moments, second moments and
-/// step counts; the counts travel as f32, exact below 2²⁴ steps).
+/// unsharded optimizer would. Three [`GradSync::gather`]s, one after the other so that at most
+/// one buffer is being built at a time: the step counts (f32, exact below 2²⁴ steps; only each
+/// tensor's first slot is read), the first moments, the second moments.
 ///
 /// Errors: the exchange's (a rank failed, a timeout).
 pub fn gather_optimizer_state<B: AutodiffBackend, M: AutodiffModule<B>>(
@@ -167,44 +168,31 @@ pub fn gather_optimizer_state<B: AutodiffBackend, M: AutodiffModule<B>>(
     sync: &mut dyn GradSync<B>,
 ) -> Result<AdamWGroups<M, B>, TrainError> {
     let (decay, no_decay) = optimizer.to_record();
-    // Each parameter's (step count, m, v) as flat buffers, −0.0 where this rank has no state.
-    struct Fill<'a, M: AutodiffModule<B>, B: AutodiffBackend> {
-        records: [&'a AdamWRecord<M, B>; 2],
-        pieces: [Vec<Tensor<B::InnerBackend, 1>>; 3],
-    }
-    impl<M: AutodiffModule<B>, B: AutodiffBackend> ModuleVisitor<B> for Fill<'_, M, B> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let n = param.lazy_shape().num_elements();
-            let device = param.lazy_device();
-            let none = || Tensor::<B::InnerBackend, 1>::full([n], -0.0f32, &device);
-            let state = self.records.iter().find_map(|r| r.get(&param.id)).cloned();
-            let [time, m, v] = match state.map(|s| s.into_state::<D>().momentum) {
-                Some(s) => [
-                    Tensor::full([n], s.time as f32, &device),
-                    s.moment_1.reshape([n]),
-                    s.moment_2.reshape([n]),
-                ],
-                None => [none(), none(), none()],
-            };
-            for (pieces, piece) in self.pieces.iter_mut().zip([time, m, v]) {
-                pieces.push(piece);
-            }
-        }
-    }
-    let mut fill = Fill::<M, B> { records: [&decay, &no_decay], pieces: Default::default() };
-    module.visit(&mut fill);
-    let [time, m, v] = fill.pieces;
-    let mut gathered = Vec::new();
-    for pieces in [time, m, v] {
-        gathered.push(sync.gather(Tensor::cat(pieces, 0))?);
-    }
-    let [time, m, v]: [Tensor<B::InnerBackend, 1>; 3] = gathered.try_into().expect("three buffers");
-    let counts: Vec<f32> = time.into_data().convert::<f32>().to_vec().expect("f32");
+    let records = [&decay, &no_decay];
+    let time = gather_part(module, records, Part::Time, sync)?;
+    // Each tensor's count, from its first slot (P values read back, not the buffer).
+    let mut firsts = Vec::new();
+    let mut offset = 0;
+    module.visit(&mut EachParam(|_, n: usize, _| {
+        firsts.push(match n {
+            0 => Tensor::zeros([1], &time.device()), // an empty tensor has no state
+            _ => time.clone().slice(offset..offset + 1),
+        });
+        offset += n;
+    }));
+    drop(time);
+    let counts: Vec<f32> = match firsts.is_empty() {
+        true => Vec::new(),
+        false => Tensor::cat(firsts, 0).into_data().convert::<f32>().to_vec().expect("f32"),
+    };
+    let m = gather_part(module, records, Part::FirstMoment, sync)?;
+    let v = gather_part(module, records, Part::SecondMoment, sync)?;
     // Rebuilt per parameter, in the group its rank puts it in (as `AdamWGroups::step` does).
     struct Rebuild<M: AutodiffModule<B>, B: AutodiffBackend> {
         counts: Vec<f32>,
         m: Tensor<B::InnerBackend, 1>,
         v: Tensor<B::InnerBackend, 1>,
+        index: usize,
         offset: usize,
         records: (AdamWRecord<M, B>, AdamWRecord<M, B>),
     }
@@ -213,8 +201,8 @@ pub fn gather_optimizer_state<B: AutodiffBackend, M: AutodiffModule<B>>(
             let shape = param.lazy_shape();
             let n = shape.num_elements();
             let range = self.offset..self.offset + n;
-            self.offset += n;
-            let time = self.counts[range.start] as usize;
+            let time = self.counts[self.index] as usize;
+            (self.offset, self.index) = (self.offset + n, self.index + 1);
             if n == 0 || time == 0 {
                 return; // no state yet (before the first step)
             }
@@ -231,9 +219,51 @@ pub fn gather_optimizer_state<B: AutodiffBackend, M: AutodiffModule<B>>(
             group.insert(param.id, record);
         }
     }
-    let mut rebuild = Rebuild::<M, B> { counts, m, v, offset: 0, records: Default::default() };
+    let mut rebuild = Rebuild::<M, B> { counts, m, v, index: 0, offset: 0, records: Default::default() };
     module.visit(&mut rebuild);
     Ok(optimizer.clone().load_record(rebuild.records))
+}
+
+/// One part of every parameter's AdamW state.
+#[derive(Clone, Copy)]
+enum Part {
+    /// The step count, repeated over the tensor's slots.
+    Time,
+    /// `m`.
+    FirstMoment,
+    /// `v`.
+    SecondMoment,
+}
+
+/// `part` of every parameter's state in `records`, flattened in module order with −0.0 where
+/// this rank holds none, gathered over the ranks: `[num_params]`.
+fn gather_part<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    records: [&AdamWRecord<M, B>; 2],
+    part: Part,
+    sync: &mut dyn GradSync<B>,
+) -> Result<Tensor<B::InnerBackend, 1>, TrainError> {
+    struct Fill<'a, M: AutodiffModule<B>, B: AutodiffBackend> {
+        records: [&'a AdamWRecord<M, B>; 2],
+        part: Part,
+        pieces: Vec<Tensor<B::InnerBackend, 1>>,
+    }
+    impl<M: AutodiffModule<B>, B: AutodiffBackend> ModuleVisitor<B> for Fill<'_, M, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let n = param.lazy_shape().num_elements();
+            let device = param.lazy_device();
+            let state = self.records.iter().find_map(|r| r.get(&param.id)).cloned();
+            self.pieces.push(match (state.map(|s| s.into_state::<D>().momentum), self.part) {
+                (None, _) => Tensor::full([n], -0.0f32, &device),
+                (Some(s), Part::Time) => Tensor::full([n], s.time as f32, &device),
+                (Some(s), Part::FirstMoment) => s.moment_1.reshape([n]),
+                (Some(s), Part::SecondMoment) => s.moment_2.reshape([n]),
+            });
+        }
+    }
+    let mut fill = Fill::<M, B> { records, part, pieces: Vec::new() };
+    module.visit(&mut fill);
+    sync.gather(Tensor::cat(fill.pieces, 0))
 }
 
 /// Bytes of AdamW state (`m` and `v`, f32 or as stored) that `optimizer` holds for `module`:

@@ -39,7 +39,8 @@ pub struct StepOutput<B: Backend> {
     /// The parameter hashes compared in this step's exchange: `Some(true)` when every rank
     /// had the same parameters after the previous step.
     pub replicas_agree: Option<bool>,
-    /// Time in the gradient exchange (including waiting for slower ranks).
+    /// Time in the gradient exchange (including waiting for slower ranks) and, with ZeRO-1,
+    /// in gathering the updated parameters.
     pub sync_time: Duration,
     /// Forward and backward passes (with a device sync when `timed`).
     pub forward_backward_time: Duration,
@@ -263,12 +264,15 @@ pub fn optimizer_step<B: AutodiffBackend>(
     if !overflow && !judgement_skips {
         target.apply(settings.lr, grads);
     }
-    // ZeRO-1: every rank updated its own shard; the others' are gathered (on skipped steps
-    // too, so every rank takes part in the same collective calls).
-    target.gather(sync)?;
     if settings.timed {
         let _ = B::sync(device);
     }
+    let optimizer_time = started.elapsed();
+    // ZeRO-1: every rank updated its own shard; the others' are gathered (on skipped steps
+    // too, so every rank takes part in the same collective calls). Counted as sync time.
+    let started = Instant::now();
+    target.gather(sync)?;
+    let gather_time = started.elapsed();
     Ok(StepOutput {
         loss: global.loss,
         grad_norm,
@@ -276,11 +280,11 @@ pub fn optimizer_step<B: AutodiffBackend>(
         stop: global.stop,
         checkpoint: global.checkpoint,
         replicas_agree: global.replicas_agree,
-        sync_time: global.sync_time,
+        sync_time: global.sync_time + gather_time,
         forward_backward_time: global.forward_backward_time,
         forward_time: global.passes.forward,
         backward_time: global.passes.backward,
-        optimizer_time: started.elapsed(),
+        optimizer_time,
         device_memory: global.device_memory,
         judgement,
         overflow,
