@@ -92,12 +92,14 @@ fn table(e: &Estimate, config: &RunConfig) -> String {
                     gb(e.persistent_bytes)
                 ),
                 w => format!(
-                    "{:.2} B/param per rank = f32 weights {} (also the master copy) + f32 grads {} + (AdamW m {} + v {}) / {w} ranks (ZeRO-1) → {} per rank, of which AdamW {}",
-                    p.per_rank(w),
+                    "{:.2} B/param on the rank with the largest share = f32 weights {} (also the master copy) + f32 grads {} + AdamW m {} + v {} of {} of the {} parameters (ZeRO-1 over {w} ranks, by whole tensors) → {} per rank, of which AdamW {}",
+                    e.persistent_per_param(),
                     p.weights,
                     p.grads,
                     p.adam_m,
                     p.adam_v,
+                    e.optimizer_shard_params,
+                    e.params,
                     gb(e.persistent_bytes),
                     gb(e.optimizer_state_bytes)
                 ),

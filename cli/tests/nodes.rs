@@ -211,12 +211,24 @@ fn ctrl_c_on_any_node_stops_every_node_with_a_checkpoint() {
 
 #[test]
 fn a_node_started_with_another_batch_size_is_stopped_at_the_first_step() {
+    nodes_with_other_settings_stop_at_the_first_step(&["--set", "micro_batch_size=6"]);
+}
+
+/// Only one node shards the optimizer state: both stop with the settings error, not in the
+/// gather the other node never joins.
+#[test]
+fn a_node_started_with_sharding_among_nodes_without_it_is_stopped_at_the_first_step() {
+    nodes_with_other_settings_stop_at_the_first_step(&["--set", "parallel.shard_optimizer=true"]);
+}
+
+/// Node 1 runs with `other` settings: both nodes stop after the first exchange, naming it.
+fn nodes_with_other_settings_stop_at_the_first_step(other: &[&str]) {
     let Some(dir) = shakespeare() else { return };
     let w = dir.path();
     let port = free_ports();
     let common = ["--set", "max_steps=20", "--set", "eval_every=0", "--set", "parallel.timeout_s=20"];
     let node0 = node(w, 0, port, &common);
-    let node1 = node(w, 1, port, &[&common[..], &["--set", "micro_batch_size=6"]].concat());
+    let node1 = node(w, 1, port, &[&common[..], other].concat());
     for (rank, child) in [node0, node1].into_iter().enumerate() {
         let out = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -58,15 +58,16 @@ fn estimate_gives_two_gigabytes_of_persistent_state_for_gpt2_124m() {
     assert_eq!(b["mode"]["checkpointing"], "blocks");
     assert_eq!(b["peak"], b["peak_bytes"][1]);
     assert!(b["peak"].as_u64().unwrap() < e["peak"].as_u64().unwrap());
-    // ZeRO-1 on 2 ranks: 4 + 4 + 8/2 B/param per rank.
+    // ZeRO-1 on 2 ranks: 4 + 4 + 8/2 B/param per rank (the preset's tensors split evenly).
     let sharded = ["--set", "devices=2", "--set", "parallel.shard_optimizer=true"];
     let z = json(&ok(&[&["estimate", "--config", "gpt2.toml", "--json"][..], &sharded].concat(), dir.path()));
     assert_eq!(z["mode"]["optimizer_shards"], 2);
     assert_eq!(z["persistent_bytes"], 124_475_904u64 * 12);
     assert_eq!(z["optimizer_state_bytes"], 124_475_904u64 * 4);
+    assert_eq!(z["optimizer_shard_params"], 124_475_904u64 / 2);
     let table = ok(&[&["estimate", "--config", "gpt2.toml"][..], &sharded].concat(), dir.path());
     assert!(
-        table.contains("12.00 B/param per rank = f32 weights 4 (also the master copy) + f32 grads 4 + (AdamW m 4 + v 4) / 2 ranks (ZeRO-1) → 1.494 GB per rank, of which AdamW 0.498 GB"),
+        table.contains("12.00 B/param on the rank with the largest share = f32 weights 4 (also the master copy) + f32 grads 4 + AdamW m 4 + v 4 of 62237952 of the 124475904 parameters (ZeRO-1 over 2 ranks, by whole tensors) → 1.494 GB per rank, of which AdamW 0.498 GB"),
         "{table}"
     );
     let mixed = [&blocks[..], &["--set", "precision=\"fp16-mixed\""]].concat();

@@ -50,6 +50,27 @@ impl ModelConfig {
         })
     }
 
+    /// The element count of each parameter tensor, in module visiting order (`Module::visit`),
+    /// without allocating them: the model is built with its parameters not yet drawn.
+    ///
+    /// Errors: the config is invalid (the field is named).
+    pub fn param_sizes(&self) -> Result<Vec<usize>, ConfigError> {
+        struct Sizes(Vec<usize>);
+        impl<B: Backend> burn::module::ModuleVisitor<B> for Sizes {
+            fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<B, D>>) {
+                self.0.push(param.lazy_shape().num_elements());
+            }
+        }
+        type Shapes = burn::backend::Flex;
+        let device = Default::default();
+        let mut sizes = Sizes(Vec::new());
+        match self {
+            ModelConfig::Gpt2(c) => c.build::<Shapes>(&device)?.visit(&mut sizes),
+            ModelConfig::Llama(c) => c.build::<Shapes>(&device)?.visit(&mut sizes),
+        }
+        Ok(sizes.0)
+    }
+
     /// Checks the configuration (see the architectures' `validate`).
     pub fn validate(&self) -> Result<(), ConfigError> {
         match self {

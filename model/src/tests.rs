@@ -480,3 +480,30 @@ mod packing {
         assert_eq!(&mask[15..20], &[true, true, false, false, true]);
     }
 }
+
+/// `ModelConfig::param_sizes` lists the tensors `init` draws, in visiting order, for both
+/// architectures (tied and untied), and sums to the parameter count without allocating GPT-2.
+#[test]
+fn param_sizes_are_the_models_tensors_without_drawing_them() {
+    use crate::{LlamaConfig, ModelConfig};
+    struct Sizes(Vec<usize>);
+    impl burn::module::ModuleVisitor<B> for Sizes {
+        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<B, D>>) {
+            self.0.push(param.val().shape().num_elements());
+        }
+    }
+    let _g = seeded(3);
+    for config in [
+        ModelConfig::Gpt2(tiny()),
+        ModelConfig::Gpt2(tiny().with_tie_embeddings(false)),
+        ModelConfig::Gpt2(GptConfig::preset("shakespeare-char").unwrap()),
+        ModelConfig::Llama(LlamaConfig::preset("llama-tiny").unwrap()),
+    ] {
+        let mut drawn = Sizes(Vec::new());
+        config.init::<B>(&Default::default()).unwrap().visit(&mut drawn);
+        assert_eq!(config.param_sizes().unwrap(), drawn.0, "{config:?}");
+    }
+    let gpt2 = ModelConfig::preset("gpt2").unwrap().param_sizes().unwrap();
+    assert_eq!(gpt2.iter().sum::<usize>(), 124_475_904);
+    assert_eq!(gpt2.len(), 2 + 12 * 12 + 2, "wte, wpe, 12 blocks of 12 tensors, ln_f");
+}

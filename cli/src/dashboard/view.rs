@@ -215,7 +215,7 @@ fn memory_lines(d: &Dashboard) -> Vec<Line<'static>> {
         };
         let state = match e.mode.optimizer_shards {
             1 => format!("{}", e.per_param.total()),
-            w => format!("{:.2} (AdamW over {w} ranks)", e.per_param.per_rank(w)),
+            w => format!("{:.2} (AdamW over {w} ranks)", e.persistent_per_param()),
         };
         lines.push(Line::raw(format!("state      {state} B/param{copy}")));
     }

@@ -44,9 +44,17 @@ impl GptConfig {
     ///
     /// Errors: the config fails [`GptConfig::validate`].
     pub fn init<B: Backend>(&self, device: &B::Device) -> Result<Gpt<B>, ConfigError> {
+        let model = self.build(device)?;
+        init::materialize(&model);
+        Ok(model)
+    }
+
+    /// The model with its parameters not yet drawn (Burn draws them at first use): its
+    /// shapes, without their memory.
+    pub(crate) fn build<B: Backend>(&self, device: &B::Device) -> Result<Gpt<B>, ConfigError> {
         self.validate()?;
         let (v, c) = (self.vocab_size, self.d_model);
-        let model = Gpt {
+        Ok(Gpt {
             wte: Embedding { weight: init::normal([v, c], init::INIT_STD, device) },
             wpe: Embedding { weight: init::normal([self.block_size, c], init::INIT_STD, device) },
             h: (0..self.n_layer).map(|_| Block::new(self, device)).collect(),
@@ -55,9 +63,7 @@ impl GptConfig {
             drop: DropoutConfig::new(self.dropout).init(),
             block_size: self.block_size,
             ln_eps: self.layer_norm_eps,
-        };
-        init::materialize(&model);
-        Ok(model)
+        })
     }
 }
 

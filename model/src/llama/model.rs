@@ -46,9 +46,17 @@ impl LlamaConfig {
     ///
     /// Errors: the config fails [`LlamaConfig::validate`].
     pub fn init<B: Backend>(&self, device: &B::Device) -> Result<Llama<B>, ConfigError> {
+        let model = self.build(device)?;
+        init::materialize(&model);
+        Ok(model)
+    }
+
+    /// The model with its parameters not yet drawn (Burn draws them at first use): its
+    /// shapes, without their memory.
+    pub(crate) fn build<B: Backend>(&self, device: &B::Device) -> Result<Llama<B>, ConfigError> {
         self.validate()?;
         let (v, c) = (self.vocab_size, self.d_model);
-        let model = Llama {
+        Ok(Llama {
             model: LlamaBody {
                 embed_tokens: Embedding { weight: init::normal([v, c], init::INIT_STD, device) },
                 layers: (0..self.n_layer).map(|_| LlamaLayer::new(self, device)).collect(),
@@ -58,9 +66,7 @@ impl LlamaConfig {
             block_size: self.block_size,
             rope_theta: self.rope_theta,
             n_head: self.n_head,
-        };
-        init::materialize(&model);
-        Ok(model)
+        })
     }
 }
 

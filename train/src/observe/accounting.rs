@@ -32,6 +32,7 @@
 use ember_model::ModelConfig;
 use serde::Serialize;
 
+use super::shards::Partition;
 use crate::config::{BackendKind, CheckpointingKind, PrecisionKind, RunConfig};
 
 /// What decides a run's bytes besides its shapes.
@@ -100,15 +101,6 @@ impl PerParam {
     /// Persistent bytes per parameter: 16 in every mode (without sharding).
     pub fn total(&self) -> u64 {
         self.weights + self.grads + self.master + self.adam_m + self.adam_v
-    }
-
-    /// Persistent bytes per parameter on one rank with the AdamW state sharded over `shards`
-    /// ranks (ZeRO-1, Rajbhandari et al. 2020 §5.1: the optimizer state divided by the
-    /// data-parallel degree; weights and gradients stay whole): `weights + grads + (master + m
-    /// + v) / shards`.
-    pub fn per_rank(&self, shards: u64) -> f64 {
-        let sharded = (self.master + self.adam_m + self.adam_v) as f64 / shards.max(1) as f64;
-        (self.weights + self.grads) as f64 + sharded
     }
 }
 
@@ -238,10 +230,15 @@ pub struct Estimate {
     /// Bytes per parameter.
     pub per_param: PerParam,
     /// Persistent bytes on one rank: parameters × [`PerParam::total`], or with ZeRO-1
-    /// parameters × (weights + grads) + [`Self::optimizer_state_bytes`].
+    /// parameters × (weights + grads) + [`Self::optimizer_state_bytes`] (Rajbhandari et al.
+    /// 2020 §5.1: the optimizer state divided over the data-parallel ranks; weights and
+    /// gradients stay whole).
     pub persistent_bytes: u64,
-    /// AdamW state bytes on one rank: parameters × (m + v), divided by
-    /// [`Mode::optimizer_shards`] (the real split is by whole tensors: `ember train` prints it).
+    /// Parameters whose AdamW state the rank with the largest share keeps: all of them without
+    /// sharding; with ZeRO-1 the largest share of the split by whole tensors
+    /// ([`super::shards::Partition`], the split `ember train` uses), about `params / shards`.
+    pub optimizer_shard_params: u64,
+    /// AdamW state bytes on that rank: [`Self::optimizer_shard_params`] × (m + v).
     pub optimizer_state_bytes: u64,
     /// The 16-bit weight copies alive at the peak (mixed modes): every matmul weight's, or with
     /// checkpointing one layer's and the LM head's.
@@ -275,6 +272,14 @@ pub struct Estimate {
     pub chinchilla_tokens: u64,
     /// Optimizer steps to reach them.
     pub chinchilla_steps: u64,
+}
+
+impl Estimate {
+    /// Persistent bytes per parameter on the rank with the most: 16 without sharding, about
+    /// `8 + 8/W` with ZeRO-1 over `W` ranks.
+    pub fn persistent_per_param(&self) -> f64 {
+        self.persistent_bytes as f64 / self.params.max(1) as f64
+    }
 }
 
 /// The model's dimensions that the accounting needs.
@@ -406,8 +411,15 @@ pub fn estimate(
     let d = dims(model, mode.precision);
     let params = model.num_params() as u64;
     let per_param = PerParam::of(mode.precision);
-    let optimizer_state = params * (per_param.master + per_param.adam_m + per_param.adam_v);
-    let optimizer_state_bytes = optimizer_state.div_ceil(mode.optimizer_shards.max(1));
+    let optimizer_shard_params = match mode.optimizer_shards {
+        0 | 1 => params,
+        shards => match model.param_sizes() {
+            Ok(sizes) => Partition::balanced(&sizes, shards as usize).largest() as u64,
+            Err(_) => params.div_ceil(shards), // an invalid model is refused elsewhere
+        },
+    };
+    let optimizer_state_bytes =
+        optimizer_shard_params * (per_param.master + per_param.adam_m + per_param.adam_v);
     let persistent_bytes = params * (per_param.weights + per_param.grads) + optimizer_state_bytes;
     let rows = micro_batch * seq_len; // B·T
     let btd = rows * d.d_model * 4; // one f32 [B, T, d]
@@ -461,6 +473,7 @@ pub fn estimate(
         mode,
         per_param,
         persistent_bytes,
+        optimizer_shard_params,
         optimizer_state_bytes,
         low_precision_copy_bytes: if blocks { copies_blocks } else { copies_none },
         activations,
@@ -577,30 +590,35 @@ mod tests {
         assert_eq!(mixed.peak, mixed.peak_bytes.0);
     }
 
-    /// ZeRO-1 divides the AdamW state only: GPT-2 124M on 2 ranks keeps 4 + 4 + 8/2 = 12
-    /// B/param per rank (1.49 GB instead of 1.99); on 3 ranks 8 + 8/3.
+    /// ZeRO-1 divides the AdamW state only, by whole tensors: GPT-2 124M on 2 ranks keeps 4 + 4
+    /// + 8 × (the larger share) B per rank, about 12 B/param (1.49 GB instead of 1.99). On 8
+    /// ranks the token embedding (50304 × 768 = 38.6M elements, 31% of the model) is one rank's
+    /// share on its own, so that rank keeps 8 B × 38.6M of moments, not 8 B × params / 8.
     #[test]
-    fn sharded_optimizer_state_divides_the_moments_by_the_ranks() {
+    fn sharded_optimizer_state_is_the_largest_share_of_the_moments() {
         let model = ModelConfig::preset("gpt2").unwrap();
         let params = 124_475_904u64;
         let sharded = |shards| {
             let mode = Mode { optimizer_shards: shards, ..mode(PrecisionKind::Fp32, AttentionPath::Fused) };
             estimate(&model, 1, 128, 256, shards, mode, None, 0.4)
         };
-        let (one, two, three) = (sharded(1), sharded(2), sharded(3));
+        let (one, two, eight) = (sharded(1), sharded(2), sharded(8));
         assert_eq!(one.optimizer_state_bytes, params * 8);
         assert_eq!(one.persistent_bytes, params * 16);
-        assert_eq!(two.optimizer_state_bytes, params * 4);
-        assert_eq!(two.persistent_bytes, params * 12); // 1,493,710,848 B
-        assert_eq!(three.optimizer_state_bytes, 331_935_744); // 995,807,232 / 3
-        assert_eq!(three.persistent_bytes, params * 8 + 331_935_744);
-        assert_eq!(two.per_param.per_rank(2), 12.0);
-        assert!((two.per_param.per_rank(3) - (8.0 + 8.0 / 3.0)).abs() < 1e-12);
+        assert_eq!(one.persistent_per_param(), 16.0);
+        let larger = Partition::balanced(&model.param_sizes().unwrap(), 2).largest() as u64;
+        assert!(larger >= params / 2 && larger - params / 2 < 600_000, "balanced: {larger}");
+        assert_eq!(two.optimizer_shard_params, larger);
+        assert_eq!(two.optimizer_state_bytes, larger * 8);
+        assert_eq!(two.persistent_bytes, params * 8 + larger * 8);
+        assert!((two.persistent_per_param() - 12.0).abs() < 0.04, "{}", two.persistent_per_param());
+        assert_eq!(eight.optimizer_shard_params, 50_304 * 768, "wte alone is the largest share");
+        assert_eq!(eight.optimizer_state_bytes, 8 * 50_304 * 768);
         // Two ranks exchange the gradients: 8 B/param of buffers after the backward pass, whose
         // peak is the larger here (1 × 128 tokens of activations are 0.115 GB).
         assert_eq!(one.exchange_bytes, 0, "one rank: nothing exchanged");
         assert_eq!(two.exchange_bytes, params * 8);
-        assert_eq!(two.peak, params * 12 + params * 8);
+        assert_eq!(two.peak, params * 8 + larger * 8 + params * 8);
         let replicated =
             estimate(&model, 1, 128, 256, 2, mode(PrecisionKind::Fp32, AttentionPath::Fused), None, 0.4);
         assert_eq!(replicated.peak - two.peak, params * 4, "the peak falls by what the rank no longer keeps");

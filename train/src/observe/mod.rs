@@ -5,7 +5,8 @@
 //!   parameter, activations, 6·N·T, MFU) and the GPUs' peak FLOP/s;
 //! - [`events`]: the stability sentinel's event records;
 //! - [`fits`]: whether a run fits in memory, checked before its model is allocated;
-//! - [`device`]: device-pool memory on CUDA, process RSS, the GPU's name.
+//! - [`device`]: device-pool memory on CUDA, process RSS, the GPU's name;
+//! - [`shards`]: how ZeRO-1 splits the parameters over ranks.
 //!
 //! May use: [`crate::config`], [`crate::error`]. Nothing that trains.
 
@@ -14,3 +15,4 @@ pub mod device;
 pub mod events;
 pub mod fits;
 pub mod metrics;
+pub mod shards;

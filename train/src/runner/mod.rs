@@ -198,12 +198,11 @@ fn describe<B: AutodiffBackend>(
     let world_size = config.world_size();
     if config.parallel.shard_optimizer && world_size > 1 {
         let partition = Partition::of(model, world_size);
-        let shares: Vec<String> =
-            partition.elements.iter().map(|n| format!("{:.1} MB", 8.0 * *n as f64 / 1e6)).collect();
+        let shares: Vec<String> = partition.elements.iter().map(|n| bytes_text(8 * *n as u64)).collect();
         log(&format!(
-            "optimizer state: sharded over {world_size} ranks (ZeRO-1); AdamW moments per rank: {} (unsharded: {:.1} MB each); the updated parameters are gathered after every step",
+            "optimizer state: sharded over {world_size} ranks (ZeRO-1); AdamW moments per rank: {} (unsharded: {} each); the updated parameters are gathered after every step",
             shares.join(", "),
-            8.0 * model.num_params() as f64 / 1e6
+            bytes_text(8 * model.num_params() as u64)
         ));
     }
     log(&format!(
@@ -216,6 +215,14 @@ fn describe<B: AutodiffBackend>(
         world_size,
         if world_size == 1 { "" } else { "s" }
     ));
+}
+
+/// `bytes` in MB with one decimal, or in kB below 0.1 MB.
+fn bytes_text(bytes: u64) -> String {
+    match bytes {
+        0..100_000 => format!("{:.1} kB", bytes as f64 / 1e3),
+        _ => format!("{:.1} MB", bytes as f64 / 1e6),
+    }
 }
 
 /// The replicas of this process: what they share to start.

@@ -218,8 +218,13 @@ fn train_loop<B: AutodiffBackend>(
         }
         if out.stop && step < config.max_steps {
             if let Some(leader) = leader.as_mut() {
+                let nodes = match config.parallel.nodes {
+                    1 => String::new(),
+                    n => format!(" --nodes {n} --node-rank R --coordinator {}` on every node (R: its rank; each node needs this checkpoint in its run directory", config.parallel.coordinator),
+                };
+                let close = if nodes.is_empty() { "`" } else { ")" };
                 (leader.log)(&format!(
-                    "stopped after step {step}; continue with `ember train --resume {}`",
+                    "stopped after step {step}; continue with `ember train --resume {}{nodes}{close}",
                     leader.run_dir.display()
                 ));
             }

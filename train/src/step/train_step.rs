@@ -261,7 +261,10 @@ pub fn optimizer_step<B: AutodiffBackend>(
         }
     });
     let judgement_skips = judgement.as_ref().is_some_and(|j| j.skipped);
-    if !overflow && !judgement_skips {
+    // Replicas that differed stop the run (the caller reports it): every rank saw the same
+    // verdict in the exchange, so none updates or gathers.
+    let replicas_differ = global.replicas_agree == Some(false);
+    if !overflow && !judgement_skips && !replicas_differ {
         target.apply(settings.lr, grads);
     }
     if settings.timed {
@@ -271,7 +274,9 @@ pub fn optimizer_step<B: AutodiffBackend>(
     // ZeRO-1: every rank updated its own shard; the others' are gathered (on skipped steps
     // too, so every rank takes part in the same collective calls). Counted as sync time.
     let started = Instant::now();
-    target.gather(sync)?;
+    if !replicas_differ {
+        target.gather(sync)?;
+    }
     let gather_time = started.elapsed();
     Ok(StepOutput {
         loss: global.loss,

@@ -156,7 +156,8 @@ pub fn bench<B: AutodiffBackend>(
         seq_len as u64,
         tokens_per_step,
         1,
-        Mode::of(config),
+        // One rank: its AdamW state is whole whatever `[parallel]` says.
+        Mode { optimizer_shards: 1, ..Mode::of(config) },
         peak_flops,
         mfu_assumed,
     );
