@@ -590,8 +590,9 @@ mod tests {
         assert_eq!(mixed.peak, mixed.peak_bytes.0);
     }
 
-    /// ZeRO-1 divides the AdamW state only, by whole tensors: GPT-2 124M on 2 ranks keeps 4 + 4
-    /// + 8 × (the larger share) B per rank, about 12 B/param (1.49 GB instead of 1.99). On 8
+    /// ZeRO-1 divides the AdamW state only, by whole tensors: GPT-2 124M on 2 ranks keeps
+    /// 4 + 4 B/param plus 8 B per parameter of the larger share, about 12 B/param (1.49 GB
+    /// instead of 1.99). On 8
     /// ranks the token embedding (50304 × 768 = 38.6M elements, 31% of the model) is one rank's
     /// share on its own, so that rank keeps 8 B × 38.6M of moments, not 8 B × params / 8.
     #[test]

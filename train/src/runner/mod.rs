@@ -196,6 +196,9 @@ fn describe<B: AutodiffBackend>(
         data.meta.vocab_size
     ));
     let world_size = config.world_size();
+    if config.parallel.shard_optimizer && world_size == 1 {
+        log("optimizer state: parallel.shard_optimizer has no effect with 1 rank (its AdamW state is whole)");
+    }
     if config.parallel.shard_optimizer && world_size > 1 {
         let partition = Partition::of(model, world_size);
         let shares: Vec<String> = partition.elements.iter().map(|n| bytes_text(8 * *n as u64)).collect();
