@@ -239,10 +239,15 @@ mod tests {
         scalar(batch_nll(model, &batch, &Default::default())) / batch.scored_tokens() as f64
     }
 
+    /// burn-flex has one global RNG: tests that seed it and draw the model's weights run one at
+    /// a time, so every test starts from the same weights whatever runs beside it.
+    static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     /// A prepared sample corpus (kept alive by the directory) with its views and model.
     fn fixture() -> (tempfile::TempDir, DataView, DataView, LanguageModel<B>) {
         let work = tempfile::tempdir().unwrap();
         let corpus = sample_corpus(work.path());
+        let _init = INIT.lock().unwrap_or_else(|e| e.into_inner());
         let (train, valid, model) = data_and_model(&corpus, work.path(), "tiny");
         (work, train, valid, model)
     }
