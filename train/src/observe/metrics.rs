@@ -14,13 +14,19 @@ use crate::error::TrainError;
 pub struct TrainRecord {
     /// Optimizer step, from 1.
     pub step: u64,
-    /// Mean NLL of this step's global batch, nats/token.
+    /// Mean NLL of this step's global batch, nats/token (`null` in the file when not finite:
+    /// read back as NaN).
+    #[serde(deserialize_with = "nan_if_null")]
     pub loss: f64,
-    /// `exp(loss)`.
+    /// `exp(loss)` (`null` in the file when it overflows or the loss is not finite: read back
+    /// as NaN, as the validation records' are).
+    #[serde(deserialize_with = "nan_if_null")]
     pub perplexity: f64,
     /// Learning rate used by this step.
     pub lr: f64,
-    /// Global gradient L2 norm before clipping.
+    /// Global gradient L2 norm before clipping (`null` in the file when not finite: read back
+    /// as NaN).
+    #[serde(deserialize_with = "nan_if_null")]
     pub grad_norm: f64,
     /// Training throughput since the previous record: tokens / second of step time
     /// (evaluation and checkpoint time excluded).

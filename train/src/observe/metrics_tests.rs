@@ -196,3 +196,30 @@ fn forward_and_backward_times_round_trip_and_older_records_read_as_zero() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A diverged training step (loss 55697: its perplexity overflows; a NaN gradient norm) is
+/// written with `null`s and reads back, so a run the sentinel stopped can be resumed.
+#[test]
+fn a_diverged_training_record_reads_back_so_the_run_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("metrics.jsonl");
+    let Record::Train(mut record) = train(3) else { unreachable!() };
+    (record.loss, record.perplexity, record.grad_norm) = (55697.0, 55697f64.exp(), f64::NAN);
+    let mut log = MetricsLog::open(&path).unwrap();
+    log.write(&Record::Train(record)).unwrap();
+    log.write(&train(4)).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains(r#""loss":55697.0,"perplexity":null,"#) && text.contains(r#""grad_norm":null"#),
+        "{text}"
+    );
+    let records = read_records(&path).unwrap();
+    match &records[0] {
+        Record::Train(r) => {
+            assert_eq!(r.loss, 55697.0);
+            assert!(r.perplexity.is_nan() && r.grad_norm.is_nan());
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(records.len(), 2);
+}

@@ -78,9 +78,13 @@ pub fn describe(config: &RunConfig, local: usize) -> String {
         String::new()
     };
     format!(
-        "data parallel: {} ranks = {local} {}{nodes}; one all-reduce per optimizer step ({} strategy, timeout {} s)",
+        "data parallel: {} ranks = {local} {}{nodes}; {} per optimizer step ({} strategy, timeout {} s)",
         config.world_size(),
         if local == 1 { "replica" } else { "replicas" },
+        match p.shard_optimizer {
+            true => "two all-reduces (the gradients, then the updated parameters of every rank's shard)",
+            false => "one all-reduce",
+        },
         strategy_name(config.parallel.strategy),
         p.timeout_s
     )
