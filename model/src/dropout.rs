@@ -48,6 +48,12 @@ pub fn with_dropout_seed<R>(seed: u64, f: impl FnOnce() -> R) -> R {
 /// Held from seeding the backend to drawing a mask: other threads' draws cannot come between.
 static DRAW: Mutex<()> = Mutex::new(());
 
+/// Holds the lock of the seeded draws: a test's own seed-then-draw cannot be split by a mask.
+#[cfg(test)]
+pub(crate) fn seeded_draws() -> std::sync::MutexGuard<'static, ()> {
+    DRAW.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Runs `f` with dropout active although the backend has no autodiff: the forward of a
 /// training step that keeps no graph.
 pub fn training_without_graph<R>(f: impl FnOnce() -> R) -> R {

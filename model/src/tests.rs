@@ -10,11 +10,10 @@ use crate::{attention_reference, Decoder, GeluKind, GptConfig};
 
 type B = Flex;
 
-/// Flex keeps one global RNG: tests that seed it and draw from it run one at a time.
-static SEED_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
+/// Flex keeps one global RNG: tests that seed it and draw from it run one at a time, and not
+/// beside the fused ops' `randn` (the same lock).
 fn seeded(seed: u64) -> std::sync::MutexGuard<'static, ()> {
-    let guard = SEED_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let guard = crate::ops::testing::TEST_RNG.lock().unwrap_or_else(|e| e.into_inner());
     B::seed(&Default::default(), seed);
     guard
 }

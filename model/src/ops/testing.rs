@@ -6,8 +6,16 @@ use burn::tensor::{Distribution, Tensor};
 /// The autodiff CPU backend the tests differentiate on.
 pub type Ad = Autodiff<Flex>;
 
-/// A tensor of `shape` with N(0, std²) entries from a fixed seed.
+/// burn-flex has one global RNG. The unit tests that seed it and draw from it hold this lock
+/// (`randn` for its seed-and-draw, the model tests for their whole run), so a test running
+/// beside them cannot change what they draw.
+pub static TEST_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A tensor of `shape` with N(0, std²) entries from a fixed seed (the same tensor whatever
+/// other tests draw meanwhile).
 pub fn randn<const D: usize>(shape: [usize; D], std: f64, seed: u64) -> Tensor<Ad, D> {
+    let _tests = TEST_RNG.lock().unwrap_or_else(|e| e.into_inner());
+    let _masks = crate::dropout::seeded_draws();
     <Flex as burn::tensor::backend::Backend>::seed(&Default::default(), seed);
     Tensor::random(shape, Distribution::Normal(0.0, std), &Default::default())
 }
