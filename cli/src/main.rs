@@ -184,13 +184,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             let report = ember_train::tools::commands::eval_run(source.source(), batches, backend)?;
             out!(
-                "step {}: train loss {:.4} (ppl {:.2}), val loss {:.4} (ppl {:.2}) over {} batches each",
+                "step {}: train loss {:.4} (ppl {:.2}), val loss {:.4} (ppl {:.2}) over {} batches each, {}",
                 report.step,
                 report.train_loss,
                 report.train_loss.exp(),
                 report.val_loss,
                 report.val_loss.exp(),
-                report.batches
+                report.batches,
+                report.precision.name()
             );
             Ok(())
         }

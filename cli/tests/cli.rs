@@ -93,6 +93,11 @@ fn eval_and_sample_use_the_latest_checkpoint() {
     ok(&["train", "--config", "tiny.toml", "--run-dir", "run", "--set", "max_steps=2"], w);
     let eval = ok(&["eval", "--run", "run"], w);
     assert!(eval.starts_with("step 2: train loss ") && eval.contains("val loss"), "{eval}");
+    assert!(eval.trim_end().ends_with("batches each, fp32"), "the precision is named: {eval}");
+    let bf16 = ["--run-dir", "bf16", "--set", "max_steps=1", "--set", "precision=\"bf16-mixed\""];
+    ok(&[&["train", "--config", "tiny.toml"][..], &bf16].concat(), w);
+    let eval = ok(&["eval", "--run", "bf16"], w);
+    assert!(eval.trim_end().ends_with("batches each, bf16-mixed"), "{eval}");
     let args = ["sample", "--run", "run", "--prompt", "ALICE:", "--max-new-tokens", "40", "--seed", "3"];
     let a = ok(&args, w);
     assert!(a.starts_with("ALICE:"), "{a}");

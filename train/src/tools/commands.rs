@@ -45,6 +45,8 @@ pub struct EvalReport {
     pub batches: usize,
     /// Optimizer step of the weights (0 for imported ones).
     pub step: u64,
+    /// The run's `precision`, in which the forward passes ran (as in training).
+    pub precision: crate::config::PrecisionKind,
 }
 
 /// Evaluates `source`'s weights on `batches` batches of each split (default: the config's
@@ -78,6 +80,7 @@ pub fn eval_run(
                 val_loss: loss(Split::Val)?,
                 batches: self.batches,
                 step,
+                precision: config.precision,
             })
         }
     }
