@@ -10,6 +10,8 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::Tensor;
 use ember_data::{prepare, Batch, PrepareOptions, TokenizerKind, IGNORE_INDEX};
+use ember_train::observe::metrics::{read_records, Record, TrainRecord};
+use ember_train::tools::trained::{Source, Trained};
 use ember_train::RunConfig;
 
 /// The CPU training backend of the tests.
@@ -97,4 +99,21 @@ pub fn flat_params<Bk: Backend>(model: &ember_model::LanguageModel<Bk>) -> Vec<f
     let mut collect = Collect(Vec::new());
     model.visit(&mut collect);
     collect.0
+}
+
+/// Every training record of the run in `run_dir`.
+pub fn train_records(run_dir: &Path) -> Vec<TrainRecord> {
+    read_records(&run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r {
+            Record::Train(t) => Some(t),
+            Record::Eval(_) | Record::Event(_) => None,
+        })
+        .collect()
+}
+
+/// The model of the latest checkpoint of the run in `run_dir`, on backend `Bk`.
+pub fn latest_model<Bk: Backend>(run_dir: &Path) -> ember_model::LanguageModel<Bk> {
+    Trained::open(Source::Run(run_dir.into())).unwrap().load_model(&Default::default()).unwrap()
 }

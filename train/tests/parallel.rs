@@ -9,11 +9,10 @@ use std::path::Path;
 use burn::tensor::backend::Backend;
 use common::*;
 use ember_model::LanguageModel;
-use ember_train::observe::metrics::{read_records, Record, TrainRecord};
+use ember_train::observe::metrics::TrainRecord;
 use ember_train::parallel::{join, Faults, Group};
 use ember_train::step::scalar;
 use ember_train::step::{forward_backward, global_gradients, StepSettings};
-use ember_train::tools::trained::{Source, Trained};
 use ember_train::{train, RunConfig, RunOptions, TrainError};
 
 /// Trains `config` in `run_dir` with `train` (one replica per `devices` of the config).
@@ -26,23 +25,9 @@ fn run_with(options: RunOptions) -> Result<(), TrainError> {
     train::<B>(options, Vec::new(), &mut |_| {}).map(|_| ())
 }
 
-/// Every training record of a run.
-fn records(run_dir: &Path) -> Vec<TrainRecord> {
-    read_records(&run_dir.join("metrics.jsonl"))
-        .unwrap()
-        .into_iter()
-        .filter_map(|r| match r {
-            Record::Train(t) => Some(t),
-            Record::Eval(_) | Record::Event(_) => None,
-        })
-        .collect()
-}
-
 /// Every parameter of the run's latest checkpoint, flattened in module order.
 fn final_params(run_dir: &Path) -> Vec<f32> {
-    let trained = Trained::open(Source::Run(run_dir.into())).unwrap();
-    let model: LanguageModel<burn::backend::Flex> = trained.load_model(&Default::default()).unwrap();
-    flat_params(&model)
+    flat_params(&latest_model::<burn::backend::Flex>(run_dir))
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -60,7 +45,7 @@ fn assert_same_run(parallel: &[&str], single: &[&str]) -> (Vec<TrainRecord>, usi
     let config = |extra: &[&str]| tiny_config(&data, &[&base[..], extra].concat());
     run(config(parallel), &dir.path().join("parallel")).unwrap();
     run(config(single), &dir.path().join("single")).unwrap();
-    let (p, s) = (records(&dir.path().join("parallel")), records(&dir.path().join("single")));
+    let (p, s) = (train_records(&dir.path().join("parallel")), train_records(&dir.path().join("single")));
     assert_eq!(p.len(), 5);
     for (a, b) in p.iter().zip(&s) {
         assert_eq!(a.step, b.step);
@@ -161,7 +146,7 @@ fn replica_hashes_agree_every_step_and_a_broken_rank_is_caught() {
     // Every step compares the hashes of the parameters the previous step left: 21 steps
     // check the replicas after steps 0..=20.
     run(with(&["log_every=1", "parallel.check_every=1"]), &dir.path().join("ok")).unwrap();
-    let ok = records(&dir.path().join("ok"));
+    let ok = train_records(&dir.path().join("ok"));
     assert_eq!(ok.len(), 21);
     for r in &ok {
         assert_eq!(r.replicas_agree, Some(true), "step {}", r.step);
@@ -177,7 +162,7 @@ fn replica_hashes_agree_every_step_and_a_broken_rank_is_caught() {
     let broken = run_with(options);
     let err = broken.unwrap_err().to_string();
     assert!(err.contains("differed before step 10"), "{err}");
-    let logged: Vec<u64> = records(&dir.path().join("broken")).iter().map(|r| r.step).collect();
+    let logged: Vec<u64> = train_records(&dir.path().join("broken")).iter().map(|r| r.step).collect();
     assert_eq!(logged, [5], "nothing is logged after the divergence");
 }
 
@@ -208,7 +193,7 @@ fn any_rank_count_resumes_a_checkpoint() {
     let summary = train::<B>(options, Vec::new(), &mut |l| lines.push(l.to_string())).unwrap();
     assert_eq!(summary.steps, 5);
     assert!(lines.iter().any(|l| l.contains("written by 2 ranks, this run has 1")), "{lines:?}");
-    let steps: Vec<u64> = records(&run_dir).iter().map(|r| r.step).collect();
+    let steps: Vec<u64> = train_records(&run_dir).iter().map(|r| r.step).collect();
     assert_eq!(steps, [1, 2, 3, 4, 5]);
 }
 

@@ -13,7 +13,7 @@ use burn::tensor::Tensor;
 use common::*;
 use ember_data::{prepare, PrepareOptions, SftFields, TokenizerKind};
 use ember_model::LanguageModel;
-use ember_train::observe::metrics::{read_records, Record, TrainRecord};
+use ember_train::observe::metrics::TrainRecord;
 use ember_train::persist::checkpoint::{load_optimizer, step_name};
 use ember_train::step::optim::AdamWGroups;
 use ember_train::step::shard::Partition;
@@ -54,30 +54,15 @@ fn resume(config: RunConfig, run_dir: &Path) {
     train::<B>(RunOptions::new(config, run_dir).resuming(), Vec::new(), &mut |_| {}).unwrap();
 }
 
-fn records(run_dir: &Path) -> Vec<TrainRecord> {
-    read_records(&run_dir.join("metrics.jsonl"))
-        .unwrap()
-        .into_iter()
-        .filter_map(|r| match r {
-            Record::Train(t) => Some(t),
-            _ => None,
-        })
-        .collect()
-}
-
-/// The model of the run's latest checkpoint.
-fn final_model(run_dir: &Path) -> LanguageModel<B> {
-    Trained::open(Source::Run(run_dir.into())).unwrap().load_model(&Default::default()).unwrap()
-}
-
 /// Every parameter's AdamW state in checkpoint `step` of `run_dir`, in module order: (step
 /// count, bits of m, bits of v); `None` for a parameter without state.
 type State = Vec<Option<(usize, Vec<u32>, Vec<u32>)>>;
 
-fn optimizer_state(run_dir: &Path, config: &RunConfig, step: u64) -> State {
+fn optimizer_state(run_dir: &Path, step: u64) -> State {
     let dir = run_dir.join("checkpoints").join(step_name(step));
     let device = Default::default();
-    let model = final_model(run_dir);
+    let config = Trained::open(Source::Run(run_dir.into())).unwrap().config;
+    let model = config.model.init::<B>(&device).unwrap();
     let model = ember_train::persist::checkpoint::load_model(&dir, model, &device).unwrap();
     let optimizer = load_optimizer(&dir, AdamWGroups::new(&config.optimizer, &model), &device).unwrap();
     let (decay, no_decay) = optimizer.to_record();
@@ -106,7 +91,7 @@ type Inner = <B as burn::tensor::backend::AutodiffBackend>::InnerBackend;
 
 /// Losses, gradient norms and final parameters of two runs agree within `tolerance`.
 fn assert_same(a: &Path, b: &Path, steps: std::ops::RangeInclusive<u64>, tolerance: f64, what: &str) {
-    let (ra, rb) = (records(a), records(b));
+    let (ra, rb) = (train_records(a), train_records(b));
     let pick = |r: &[TrainRecord]| -> Vec<(u64, f64, f64)> {
         r.iter().filter(|r| steps.contains(&r.step)).map(|r| (r.step, r.loss, r.grad_norm)).collect()
     };
@@ -116,7 +101,7 @@ fn assert_same(a: &Path, b: &Path, steps: std::ops::RangeInclusive<u64>, toleran
         assert!((la - lb).abs() <= tolerance, "{what}: step {step}: loss {la} vs {lb}");
         assert!((ga - gb).abs() <= tolerance * gb.max(1.0), "{what}: step {step}: grad norm {ga} vs {gb}");
     }
-    let (wa, wb) = (flat_params(&final_model(a)), flat_params(&final_model(b)));
+    let (wa, wb) = (flat_params(&latest_model::<B>(a)), flat_params(&latest_model::<B>(b)));
     let diff = wa.iter().zip(&wb).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
     assert!(f64::from(diff) <= tolerance, "{what}: final parameters differ by {diff}");
 }
@@ -142,12 +127,12 @@ fn sharded_state_trains_as_replicated_state_and_as_one_rank() {
 
     assert_same(&sharded, &replicated, 1..=20, 1e-6, "sharded vs replicated");
     assert_same(&sharded, &single, 1..=20, 1e-5, "sharded vs 1 rank");
-    let (s, r) = (records(&sharded), records(&replicated));
+    let (s, r) = (train_records(&sharded), train_records(&replicated));
     for (a, b) in s.iter().zip(&r) {
         assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "step {}: bit for bit", a.step);
         assert_eq!(a.replicas_agree, Some(true), "step {}: the sharded replicas agree", a.step);
     }
-    let model = final_model(&sharded);
+    let model = latest_model::<B>(&sharded);
     let params = model.num_params();
     let partition = Partition::of(&model, 2);
     assert_eq!(partition.elements.iter().sum::<usize>(), params);
@@ -159,9 +144,8 @@ fn sharded_state_trains_as_replicated_state_and_as_one_rank() {
     assert_eq!(calls, [2, 4, 6], "an exchange and a gather per step");
 
     // The checkpoints hold every parameter's state, bit for bit those of replicated AdamW.
-    let cfg = config(&data, &[]);
     for step in [10, 20] {
-        let (a, b) = (optimizer_state(&sharded, &cfg, step), optimizer_state(&replicated, &cfg, step));
+        let (a, b) = (optimizer_state(&sharded, step), optimizer_state(&replicated, step));
         assert!(
             a.iter().all(|s| s.as_ref().is_some_and(|s| s.0 == step as usize)),
             "step {step}: every state"
@@ -203,6 +187,5 @@ fn sharded_checkpoints_resume_exactly_at_any_world_size() {
     resume(cfg(&[&sharded[..], &["max_steps=9"]].concat()), &at("one-sharded"));
     resume(cfg(&["devices=2", "max_steps=9"]), &at("one-replicated"));
     assert_same(&at("one-sharded"), &at("one-replicated"), 1..=9, 0.0, "2 sharded ranks after 1");
-    let c = config(&data, &[]);
-    assert!(optimizer_state(&at("one-sharded"), &c, 9) == optimizer_state(&at("one-replicated"), &c, 9));
+    assert!(optimizer_state(&at("one-sharded"), 9) == optimizer_state(&at("one-replicated"), 9));
 }

@@ -8,7 +8,7 @@ use std::marker::PhantomData;
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{GradientsParams, MultiGradientsParams, Optimizer};
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::Tensor;
 
 use super::adamw::FusedAdamW;
@@ -223,10 +223,10 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for MergeDevices<'_, B> {
     }
 }
 
-/// Calls `f(id, rank, element count)` for every float parameter.
-struct ParamRanks<F>(F);
+/// Calls `f(id, rank, element count)` for every float parameter, in module order.
+pub(super) struct ParamRanks<F>(pub(super) F);
 
-impl<B: AutodiffBackend, F: FnMut(ParamId, usize, usize)> ModuleVisitor<B> for ParamRanks<F> {
+impl<B: Backend, F: FnMut(ParamId, usize, usize)> ModuleVisitor<B> for ParamRanks<F> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         (self.0)(param.id, D, param.lazy_shape().num_elements());
     }

@@ -24,7 +24,7 @@ use burn::optim::{AdamWState, AdaptiveMomentumState, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::Tensor;
 
-use super::optim::{AdamWGroups, AdamWRecord};
+use super::optim::{AdamWGroups, AdamWRecord, ParamRanks};
 use super::sync::GradSync;
 use crate::error::TrainError;
 pub use crate::observe::shards::Partition;
@@ -45,22 +45,13 @@ impl OptimizerShard {
         let partition = Partition::of(module, self.world_size);
         let mut owned = HashSet::new();
         let mut index = 0;
-        module.visit(&mut EachParam(|id, _, _| {
+        module.visit(&mut ParamRanks(|id, _, _| {
             if partition.owners[index] == self.rank {
                 owned.insert(id);
             }
             index += 1;
         }));
         owned
-    }
-}
-
-/// Calls `f(id, element count, rank)` for every float parameter, in module order.
-struct EachParam<F>(F);
-
-impl<B: Backend, F: FnMut(ParamId, usize, usize)> ModuleVisitor<B> for EachParam<F> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        (self.0)(param.id, param.lazy_shape().num_elements(), D);
     }
 }
 
@@ -135,7 +126,7 @@ pub fn gather_optimizer_state<B: AutodiffBackend, M: AutodiffModule<B>>(
     // Each tensor's count, from its first slot (P values read back, not the buffer).
     let mut firsts = Vec::new();
     let mut offset = 0;
-    module.visit(&mut EachParam(|_, n: usize, _| {
+    module.visit(&mut ParamRanks(|_, _, n: usize| {
         firsts.push(match n {
             0 => Tensor::zeros([1], &time.device()), // an empty tensor has no state
             _ => time.clone().slice(offset..offset + 1),
@@ -214,8 +205,7 @@ fn gather_part<B: AutodiffBackend, M: AutodiffModule<B>>(
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             let n = param.lazy_shape().num_elements();
             let device = param.lazy_device();
-            let state = self.records.iter().find_map(|r| r.get(&param.id)).cloned();
-            self.pieces.push(match (state.map(|s| s.into_state::<D>().momentum), self.part) {
+            self.pieces.push(match (momentum::<M, B, D>(self.records, param.id), self.part) {
                 (None, _) => Tensor::full([n], -0.0f32, &device),
                 (Some(s), Part::Time) => Tensor::full([n], s.time as f32, &device),
                 (Some(s), Part::FirstMoment) => s.moment_1.reshape([n]),
@@ -226,6 +216,15 @@ fn gather_part<B: AutodiffBackend, M: AutodiffModule<B>>(
     let mut fill = Fill::<M, B> { records, part, pieces: Vec::new() };
     module.visit(&mut fill);
     sync.gather(Tensor::cat(fill.pieces, 0))
+}
+
+/// Parameter `id`'s AdamW moments in either group's record, if it has any.
+fn momentum<M: AutodiffModule<B>, B: AutodiffBackend, const D: usize>(
+    records: [&AdamWRecord<M, B>; 2],
+    id: ParamId,
+) -> Option<AdaptiveMomentumState<B::InnerBackend, D>> {
+    let state = records.iter().find_map(|r| r.get(&id)).cloned()?;
+    Some(state.into_state::<D>().momentum)
 }
 
 /// Bytes of AdamW state (`m` and `v`, f32 or as stored) that `optimizer` holds for `module`:
@@ -242,8 +241,7 @@ pub fn optimizer_state_bytes<B: AutodiffBackend, M: AutodiffModule<B>>(
     }
     impl<M: AutodiffModule<B>, B: AutodiffBackend> ModuleVisitor<B> for Count<'_, M, B> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            if let Some(state) = self.records.iter().find_map(|r| r.get(&param.id)).cloned() {
-                let s = state.into_state::<D>().momentum;
+            if let Some(s) = momentum::<M, B, D>(self.records, param.id) {
                 let bytes = |t: &Tensor<B::InnerBackend, D>| t.shape().num_elements() * t.dtype().size();
                 self.bytes += bytes(&s.moment_1) + bytes(&s.moment_2);
                 self.bytes += s.max_moment_2.as_ref().map_or(0, bytes);
