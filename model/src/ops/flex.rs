@@ -5,7 +5,7 @@ use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::{Bytes, DType, Shape};
 use rayon::prelude::*;
 
-use crate::ops::simd::vectorized;
+use crate::ops::simd::{vectorized, Madd};
 
 /// Elements per rayon task of the element-wise maps.
 const MAP_CHUNK: usize = 16 * 1024;
@@ -43,11 +43,12 @@ pub fn rows_per_task(rows: usize, row_len: usize, min_elems: usize) -> usize {
     by_size.max(by_threads).min(rows.max(1))
 }
 
-/// `out[i] = f(a[i], b[i])` over equal-length slices, in parallel chunks, into a new buffer
-/// that is written once (never zeroed first). Pass `f` marked `#[inline(always)]`: otherwise
+/// `out[i] = f(ma, a[i], b[i])` over equal-length slices, in parallel chunks, into a new buffer
+/// that is written once (never zeroed first); `ma` is the [`Madd`] mode of the instructions the
+/// loop runs with (see [`vectorized`]). Pass `f` marked `#[inline(always)]`: otherwise
 /// it stays a call per element, compiled without the wide instructions (GELU's backward was
 /// a quarter of a training step that way).
-pub fn map2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
+pub fn map2(a: &[f32], b: &[f32], f: impl Fn(Madd, f32, f32) -> f32 + Sync) -> Vec<f32> {
     let n = a.len();
     assert_eq!(n, b.len(), "map2: operand lengths");
     let mut out = Vec::with_capacity(n);
@@ -58,9 +59,9 @@ pub fn map2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32
         .for_each(|((o, a), b)| {
             vectorized(
                 #[inline(always)]
-                || {
+                |ma| {
                     for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
-                        o.write(f(a, b));
+                        o.write(f(ma, a, b));
                     }
                 },
             )
@@ -70,28 +71,28 @@ pub fn map2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32
     out
 }
 
-/// `b[i] = f(a[i], b[i])` in place, in parallel chunks (as [`map2`]).
-pub fn map2_in_place(a: &[f32], b: &mut [f32], f: impl Fn(f32, f32) -> f32 + Sync) {
+/// `b[i] = f(ma, a[i], b[i])` in place, in parallel chunks (as [`map2`]).
+pub fn map2_in_place(a: &[f32], b: &mut [f32], f: impl Fn(Madd, f32, f32) -> f32 + Sync) {
     assert_eq!(a.len(), b.len(), "map2: operand lengths");
     b.par_chunks_mut(MAP_CHUNK).zip(a.par_chunks(MAP_CHUNK)).for_each(|(b, a)| {
         vectorized(
             #[inline(always)]
-            || {
+            |ma| {
                 for (b, &a) in b.iter_mut().zip(a) {
-                    *b = f(a, *b);
+                    *b = f(ma, a, *b);
                 }
             },
         )
     });
 }
 
-/// `target` with `target[i] = f(a[i], target[i])`, written over `target` when it is a
+/// `target` with `target[i] = f(ma, a[i], target[i])`, written over `target` when it is a
 /// contiguous f32 buffer nothing else holds (e.g. a fresh gradient or branch output);
 /// `Err(target)` untouched otherwise. `a` has `target`'s element count.
 pub fn map2_over(
     a: &[f32],
     mut target: FlexTensor,
-    f: impl Fn(f32, f32) -> f32 + Sync,
+    f: impl Fn(Madd, f32, f32) -> f32 + Sync,
 ) -> Result<FlexTensor, FlexTensor> {
     if target.dtype() != DType::F32 {
         return Err(target);

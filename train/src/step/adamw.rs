@@ -269,7 +269,7 @@ fn update(s: &Scalars, first: bool, w: &mut [f32], g: &[f32], m: &mut [f32], v: 
     let run = |w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]| {
         vectorized(
             #[inline(always)]
-            || match (first, s.decay_rate != 0.0) {
+            |_| match (first, s.decay_rate != 0.0) {
                 (true, true) => kernel::<true, true>(s, w, g, m, v),
                 (true, false) => kernel::<true, false>(s, w, g, m, v),
                 (false, true) => kernel::<false, true>(s, w, g, m, v),

@@ -7,20 +7,20 @@ use rayon::prelude::*;
 
 use super::{composed, FusedActivation};
 use crate::ops::flex::{contiguous_f32, from_vec, map2, map2_over};
-use crate::ops::simd::{exp, normal_cdf, tanh, vectorized};
+use crate::ops::simd::{exp, normal_cdf, tanh, vectorized, Madd};
 use crate::GeluKind;
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 const INV_SQRT_2PI: f32 = 0.398_942_3;
 const CHUNK: usize = 16 * 1024;
 
-/// `grad` with `grad[i] = f(x[i], grad[i])`: written over `grad` when nothing else holds it
+/// `grad` with `grad[i] = f(ma, x[i], grad[i])`: written over `grad` when nothing else holds it
 /// (the usual incoming gradient), else in a new buffer; `Err(grad)` untouched when `x` or
 /// `grad` is not f32.
 fn map_grad(
     x: &FloatTensor<Flex>,
     grad: FloatTensor<Flex>,
-    f: impl Fn(f32, f32) -> f32 + Sync + Copy,
+    f: impl Fn(Madd, f32, f32) -> f32 + Sync + Copy,
 ) -> Result<FloatTensor<Flex>, FloatTensor<Flex>> {
     let Some(xs) = contiguous_f32(x) else { return Err(grad) };
     if grad.dtype() != DType::F32 || grad.shape() != x.shape() {
@@ -35,30 +35,30 @@ fn map_grad(
 }
 
 #[inline(always)]
-fn gelu_erf(x: f32) -> f32 {
-    x * normal_cdf(x)
+fn gelu_erf(ma: Madd, x: f32) -> f32 {
+    x * normal_cdf(ma, x)
 }
 
 #[inline(always)]
-fn gelu_erf_slope(x: f32) -> f32 {
-    normal_cdf(x) + x * exp(-0.5 * x * x) * INV_SQRT_2PI
+fn gelu_erf_slope(ma: Madd, x: f32) -> f32 {
+    ma.madd(x * exp(ma, -0.5 * x * x), INV_SQRT_2PI, normal_cdf(ma, x))
 }
 
 #[inline(always)]
-fn gelu_tanh(x: f32) -> f32 {
-    0.5 * x * (1.0 + tanh(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
+fn gelu_tanh(ma: Madd, x: f32) -> f32 {
+    0.5 * x * (1.0 + tanh(ma, SQRT_2_OVER_PI * ma.madd(0.044715 * x * x, x, x)))
 }
 
 #[inline(always)]
-fn gelu_tanh_slope(x: f32) -> f32 {
+fn gelu_tanh_slope(ma: Madd, x: f32) -> f32 {
     let x2 = x * x;
-    let t = tanh(SQRT_2_OVER_PI * (x + 0.044715 * x2 * x));
+    let t = tanh(ma, SQRT_2_OVER_PI * ma.madd(0.044715 * x2, x, x));
     0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x2)
 }
 
 #[inline(always)]
-fn sigmoid(g: f32) -> f32 {
-    1.0 / (1.0 + exp(-g))
+fn sigmoid(ma: Madd, g: f32) -> f32 {
+    1.0 / (1.0 + exp(ma, -g))
 }
 
 impl FusedActivation for Flex {
@@ -69,13 +69,13 @@ impl FusedActivation for Flex {
                 &xs,
                 &xs,
                 #[inline(always)]
-                |x, _| gelu_erf(x),
+                |ma, x, _| gelu_erf(ma, x),
             ),
             GeluKind::Tanh => map2(
                 &xs,
                 &xs,
                 #[inline(always)]
-                |x, _| gelu_tanh(x),
+                |ma, x, _| gelu_tanh(ma, x),
             ),
         };
         from_vec(out, x.shape())
@@ -91,13 +91,13 @@ impl FusedActivation for Flex {
                 &x,
                 grad,
                 #[inline(always)]
-                |x, g| g * gelu_erf_slope(x),
+                |ma, x, g| g * gelu_erf_slope(ma, x),
             ),
             GeluKind::Tanh => map_grad(
                 &x,
                 grad,
                 #[inline(always)]
-                |x, g| g * gelu_tanh_slope(x),
+                |ma, x, g| g * gelu_tanh_slope(ma, x),
             ),
         };
         out.unwrap_or_else(|grad| composed::gelu_backward::<Self>(x, grad, kind))
@@ -112,7 +112,7 @@ impl FusedActivation for Flex {
                 &gs,
                 &us,
                 #[inline(always)]
-                |g, u| g * sigmoid(g) * u,
+                |ma, g, u| g * sigmoid(ma, g) * u,
             ),
             gate.shape(),
         )
@@ -138,9 +138,9 @@ impl FusedActivation for Flex {
             .for_each(|((dg, du), ((g, u), d))| {
                 vectorized(
                     #[inline(always)]
-                    || {
+                    |ma| {
                         for i in 0..dg.len() {
-                            let s = sigmoid(g[i]);
+                            let s = sigmoid(ma, g[i]);
                             dg[i].write(d[i] * u[i] * s * (1.0 + g[i] * (1.0 - s)));
                             du[i].write(d[i] * g[i] * s);
                         }

@@ -12,7 +12,7 @@
 //! (outer) and query blocks (inner), recomputing `P = exp(S − lse)` and accumulating
 //! `dV += Pᵀ·dO`, `dK += dSᵀ·Q`, `dQ += dS·K` with `dS = P ∘ (dO·Vᵀ − D)`.
 //!
-//! Every product is a small matrix product `C (+)= A·B` ([`gemm`]): A is read element by element
+//! Every product is a small matrix product `C (+)= A·B` ([`gemm()`]): A is read element by element
 //! with any strides ([`Strided`]: a transposed block is the same buffer with its strides
 //! swapped, so Pᵀ and dSᵀ are never copied), B row by row in whole vectors. Q, K, V, dO and O
 //! are read in place from the caller's tensors (e.g. GPT's `[B, T, 3·C]` projection) wherever
@@ -26,6 +26,11 @@
 //! The row operations (maximum, `exp`, sums) use lane-wise accumulators and
 //! [`crate::ops::simd::exp`] so the compiler vectorizes them.
 //!
+//! The diagonal blocks (query block = key block, a lower triangle under the causal mask) run
+//! in strips of [`STRIP`] rows, each product only as wide or as deep as the strip's last row
+//! needs ([`block_product`], [`Triangle`]); the skipped products are exact
+//! zeros at the ends of the sums, so the values are those of the whole block.
+//!
 //! Scratch is per task, O(T·D) plus a few `BR × BC` blocks, allocated once per rayon job and
 //! reused across its tasks. The outputs are never zeroed: the tasks write every element
 //! ([`Output`]).
@@ -38,7 +43,7 @@ use rayon::prelude::*;
 
 use super::{composed, FusedAttention};
 use crate::ops::flex::from_vec;
-use crate::ops::simd::exp;
+use crate::ops::simd::{exp, Madd};
 
 /// Query rows per block.
 const BR: usize = 64;
@@ -296,25 +301,24 @@ fn starts(positions: IntTensor<Flex>, batch: usize, len: usize) -> Vec<u32> {
     pos.iter().enumerate().map(|(n, &p)| (n % len - (p.max(0) as usize).min(n % len)) as u32).collect()
 }
 
-/// A register-tiled `C (+)= A·B` for one instruction set (see [`gemm`]).
+/// A register-tiled `C (+)= A·B` for one instruction set (see [`gemm()`]).
 trait Kernel {
     /// Whether `madd` is fused (so [`Kernel::madd`] rounds as the products do).
     const FMA: bool;
 
+    /// The same choice as a [`Madd`] mode (also for the row operations' `exp`).
+    const MADD: Madd = if Self::FMA { Madd::Fused } else { Madd::Separate };
+
     /// `a·b + c`, rounded as the products' accumulation is.
     #[inline(always)]
     fn madd(a: f32, b: f32, c: f32) -> f32 {
-        if Self::FMA {
-            a.mul_add(b, c)
-        } else {
-            a * b + c
-        }
+        Self::MADD.madd(a, b, c)
     }
 
-    /// [`gemm`] on raw pointers (A with its row and column strides).
+    /// [`gemm()`] on raw pointers (A with its row and column strides).
     ///
     /// # Safety
-    /// The bounds [`gemm`] asserts hold, and the CPU has the kernel's instruction set.
+    /// The bounds [`gemm()`] asserts hold, and the CPU has the kernel's instruction set.
     unsafe fn gemm<const ACC: bool>(
         mnk: (usize, usize, usize),
         a: (*const f32, usize, usize),
@@ -341,6 +345,69 @@ impl<'a> Strided<'a> {
     /// The transpose of a row-major block with leading dimension `ld`.
     fn transposed(data: &'a [f32], ld: usize) -> Self {
         Self { data, rs: 1, cs: ld }
+    }
+
+    /// The sub-matrix from element `(i, p)` on.
+    fn at(self, i: usize, p: usize) -> Self {
+        Self { data: &self.data[i * self.rs + p * self.cs..], ..self }
+    }
+}
+
+/// Rows per strip of a diagonal block (see [`block_product`]).
+const STRIP: usize = 8;
+
+// The diagonal block of a causal attention (query block i0 = key block j0) is a lower
+// triangle: its row r sees keys 0..=r of it. Computed as a whole block, about half of its
+// products would be discarded, so it runs in strips of STRIP rows, each as wide (scores) or
+// as deep (products with P or dS) as its last row needs. Only products with an exact 0 of the
+// mask are skipped, at the end (or start) of each element's sum over the inner index, so
+// every sum keeps its order and every element its value.
+const _: () = assert!(BR == BC, "the diagonal blocks need square blocks");
+
+/// The strips `(r0, h)` of `rows` rows.
+#[inline(always)]
+fn strips(rows: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..rows).step_by(STRIP).map(move |r0| (r0, STRIP.min(rows - r0)))
+}
+
+/// Which product of a diagonal block its strips compute (see [`block_product`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Triangle {
+    /// `C = A·B` where row `r` needs columns `0..=r` only (Q·Kᵀ, dO·Vᵀ): each strip computes
+    /// the columns up to its last row (rounded up to [`L`]) and leaves the rest of `C` as it
+    /// was (the row operations read only the visible keys and write 0 over the others).
+    Columns,
+    /// `C += A·B` with `A[r][p] = 0` for `p > r` (P·V, dS·K): each strip sums over `p` up to
+    /// its last row only.
+    Lower,
+    /// `C += A·B` with `A[r][p] = 0` for `p < r` (Pᵀ·dO, dSᵀ·Q): each strip sums over `p` from
+    /// its first row on.
+    Upper,
+}
+
+/// [`gemm()`] of one block (`=` for [`Triangle::Columns`], `+=` otherwise), in strips shaped
+/// by `part` when the block is `diagonal`.
+#[inline(always)]
+fn block_product<K: Kernel>(
+    (diagonal, part): (bool, Triangle),
+    (m, n, k): (usize, usize, usize),
+    a: Strided<'_>,
+    (b, ldb): (&[f32], usize),
+    (c, ldc): (&mut [f32], usize),
+) {
+    if !diagonal {
+        return match part {
+            Triangle::Columns => gemm::<K, false>((m, n, k), a, (b, ldb), (c, ldc)),
+            Triangle::Lower | Triangle::Upper => gemm::<K, true>((m, n, k), a, (b, ldb), (c, ldc)),
+        };
+    }
+    for (r0, h) in strips(if part == Triangle::Upper { m.min(k) } else { m }) {
+        let c = (&mut c[r0 * ldc..], ldc);
+        match part {
+            Triangle::Columns => gemm::<K, false>((h, pad(r0 + h, L).min(n), k), a.at(r0, 0), (b, ldb), c),
+            Triangle::Lower => gemm::<K, true>((h, n, (r0 + h).min(k)), a.at(r0, 0), (b, ldb), c),
+            Triangle::Upper => gemm::<K, true>((h, n, k - r0), a.at(r0, r0), (&b[r0 * ldb..], ldb), c),
+        }
     }
 }
 
@@ -619,15 +686,16 @@ fn visible(i: usize, start: usize, j0: usize) -> (usize, usize) {
     (start.max(j0) - j0, (i + 1).min(j0 + BC) - j0)
 }
 
-/// `row[c] = exp(row[c] − shift)` for `c` in `[cs, ce)`, 0 elsewhere; returns the sum. A fully
-/// visible block (most of them) takes a loop without the mask.
+/// `row[c] = exp(row[c] − shift)` for `c` in `[cs, ce)`, 0 elsewhere (multiply-adds rounded as
+/// `ma` says); returns the sum. A fully visible block (most of them) takes a loop without the
+/// mask.
 #[inline(always)]
-fn exp_row(row: &mut [f32], cs: usize, ce: usize, shift: f32) -> f32 {
+fn exp_row(ma: Madd, row: &mut [f32], cs: usize, ce: usize, shift: f32) -> f32 {
     let mut acc = [0f32; L];
     if cs == 0 && ce >= row.len() {
         for chunk in row.chunks_exact_mut(L) {
             for (v, a) in chunk.iter_mut().zip(acc.iter_mut()) {
-                let p = exp(*v - shift);
+                let p = exp(ma, *v - shift);
                 *v = p;
                 *a += p;
             }
@@ -638,7 +706,7 @@ fn exp_row(row: &mut [f32], cs: usize, ce: usize, shift: f32) -> f32 {
         for (n, chunk) in row.chunks_exact_mut(L).enumerate() {
             for (x, (v, a)) in chunk.iter_mut().zip(acc.iter_mut()).enumerate() {
                 let c = (n * L + x) as u32;
-                let p = if c >= cs && c < ce { exp(*v - shift) } else { 0.0 };
+                let p = if c >= cs && c < ce { exp(ma, *v - shift) } else { 0.0 };
                 *v = p;
                 *a += p;
             }
@@ -720,7 +788,9 @@ fn forward_task<K: Kernel>(
         s.l[..rows].fill(0.0);
         s.acc[..rows * dp].fill(0.0);
         for j0 in (lo / BC * BC..i0 + rows).step_by(BC) {
-            gemm::<K, false>(
+            let diagonal = j0 == i0;
+            block_product::<K>(
+                (diagonal, Triangle::Columns),
                 (rows, BC, d),
                 Strided::rows(&q[i0 * ldq..], ldq),
                 (&s.kt[j0..], tp),
@@ -735,8 +805,8 @@ fn forward_task<K: Kernel>(
                     continue;
                 }
                 let m_new = s.m[r].max(max_of(&row[cs..ce]));
-                let alpha = exp(s.m[r] - m_new);
-                let sum = exp_row(row, cs, ce, m_new);
+                let alpha = exp(K::MADD, s.m[r] - m_new);
+                let sum = exp_row(K::MADD, row, cs, ce, m_new);
                 s.l[r] = s.l[r] * alpha + sum;
                 s.m[r] = m_new;
                 if alpha != 1.0 {
@@ -747,7 +817,13 @@ fn forward_task<K: Kernel>(
             }
             // The probabilities of keys past the sequence are 0: only the keys inside it count.
             let kn = x.dims.keys(j0);
-            gemm::<K, true>((rows, dp, kn), Strided::rows(&s.s, BC), (&v[j0 * ldv..], ldv), (&mut s.acc, dp));
+            block_product::<K>(
+                (diagonal, Triangle::Lower),
+                (rows, dp, kn),
+                Strided::rows(&s.s, BC),
+                (&v[j0 * ldv..], ldv),
+                (&mut s.acc, dp),
+            );
         }
         for r in 0..rows {
             let l = s.l[r];
@@ -873,8 +949,10 @@ fn backward_task<K: Kernel>(
                     continue;
                 }
                 let rows = BR.min(len - i0);
+                let diagonal = i0 == j0;
                 // P = exp(Q·Kᵀ/√d − lse) on the visible keys, 0 elsewhere.
-                gemm::<K, false>(
+                block_product::<K>(
+                    (diagonal, Triangle::Columns),
                     (rows, BC, d),
                     Strided::rows(&q[i0 * ldq..], ldq),
                     (&s.kt[j0..], tp),
@@ -883,17 +961,19 @@ fn backward_task<K: Kernel>(
                 for r in 0..rows {
                     let i = i0 + r;
                     let (cs, ce) = visible(i, x.start(b, i), j0);
-                    exp_row(&mut s.p[r * BC..(r + 1) * BC], cs, ce, s.lse[i]);
+                    exp_row(K::MADD, &mut s.p[r * BC..(r + 1) * BC], cs, ce, s.lse[i]);
                 }
                 // dV += Pᵀ·dO (the keys inside the sequence).
-                gemm::<K, true>(
+                block_product::<K>(
+                    (diagonal, Triangle::Upper),
                     (kn, dp, rows),
                     Strided::transposed(&s.p, BC),
                     (&dout[i0 * ldo..], ldo),
                     (&mut s.dv[j0 * dp..], dp),
                 );
                 // dS = P ∘ (dO·Vᵀ − D)
-                gemm::<K, false>(
+                block_product::<K>(
+                    (diagonal, Triangle::Columns),
                     (rows, BC, d),
                     Strided::rows(&dout[i0 * ldo..], ldo),
                     (&s.vt[j0..], tp),
@@ -905,15 +985,22 @@ fn backward_task<K: Kernel>(
                     for (ds, &p) in ds.iter_mut().zip(p) {
                         *ds = p * (*ds - delta);
                     }
+                    if diagonal {
+                        // Past the row's own key dP was not computed (stale values, maybe not
+                        // finite) and P is 0: dS is 0 there.
+                        ds[r + 1..].fill(0.0);
+                    }
                 }
                 // dK += dSᵀ·Q, dQ += dS·K (both scaled by 1/√d when written).
-                gemm::<K, true>(
+                block_product::<K>(
+                    (diagonal, Triangle::Upper),
                     (kn, dp, rows),
                     Strided::transposed(&s.ds, BC),
                     (&q[i0 * ldq..], ldq),
                     (&mut s.dk[j0 * dp..], dp),
                 );
-                gemm::<K, true>(
+                block_product::<K>(
+                    (diagonal, Triangle::Lower),
                     (rows, dp, kn),
                     Strided::rows(&s.ds, BC),
                     (&k[j0 * ldk..], ldk),
@@ -1271,5 +1358,105 @@ impl FusedAttention for Flex {
         backward(Inputs { q, k, v, starts: starts.as_deref(), dims }, saved, grads);
         // SAFETY: dq, dk and dv rows of every (b, t, head) cover the whole [B, T, 3·H·D].
         from_vec(unsafe { dqkv.into_vec() }, shape)
+    }
+}
+
+#[cfg(test)]
+mod diagonal_tests {
+    //! The strips of a diagonal block against the whole-block products, bit for bit.
+    use super::*;
+
+    /// Deterministic values in (−1, 1), with an exact 0 where `zero(i, p)`.
+    fn matrix(rows: usize, cols: usize, seed: u32, zero: impl Fn(usize, usize) -> bool) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..rows * cols)
+            .map(|n| {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                if zero(n / cols, n % cols) {
+                    0.0
+                } else {
+                    (state % 2001) as f32 / 1000.0 - 1.0
+                }
+            })
+            .collect()
+    }
+
+    fn check<K: Kernel>() {
+        // A full 64-row block and a short last one (rows = keys = 37: its sequence ends there).
+        for rows in [BR, 37] {
+            let (n, k) = (2 * L, 24);
+            // Scores: the strips compute at least columns 0..=r of row r, and the same bits.
+            let a = matrix(rows, k, 1, |_, _| false);
+            let b = matrix(k, BC, 2, |_, _| false);
+            let (mut full, mut strip) = (vec![0f32; BR * BC], vec![f32::NAN; BR * BC]);
+            gemm::<K, false>((rows, BC, k), Strided::rows(&a, k), (&b, BC), (&mut full, BC));
+            block_product::<K>(
+                (true, Triangle::Columns),
+                (rows, BC, k),
+                Strided::rows(&a, k),
+                (&b, BC),
+                (&mut strip, BC),
+            );
+            for r in 0..rows {
+                assert_eq!(full[r * BC..=r * BC + r], strip[r * BC..=r * BC + r], "scores row {r}");
+            }
+            // C += A·B with A lower triangular (P, dS) and with Aᵀ upper triangular (Pᵀ, dSᵀ).
+            let p = matrix(rows, BC, 3, |r, c| c > r);
+            let v = matrix(rows, n, 4, |_, _| false);
+            let c0 = matrix(rows, n, 5, |_, _| false);
+            let (mut full, mut strip) = (c0.clone(), c0.clone());
+            gemm::<K, true>((rows, n, rows), Strided::rows(&p, BC), (&v, n), (&mut full, n));
+            block_product::<K>(
+                (true, Triangle::Lower),
+                (rows, n, rows),
+                Strided::rows(&p, BC),
+                (&v, n),
+                (&mut strip, n),
+            );
+            assert_eq!(full, strip, "lower product, {rows} rows");
+            let (mut full, mut strip) = (c0.clone(), c0);
+            gemm::<K, true>((rows, n, rows), Strided::transposed(&p, BC), (&v, n), (&mut full, n));
+            block_product::<K>(
+                (true, Triangle::Upper),
+                (rows, n, rows),
+                Strided::transposed(&p, BC),
+                (&v, n),
+                (&mut strip, n),
+            );
+            assert_eq!(full, strip, "upper product, {rows} rows");
+        }
+    }
+
+    #[test]
+    fn diagonal_strips_equal_the_whole_block() {
+        check::<Portable>();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                // SAFETY: the instructions are present (checked above and below).
+                unsafe { avx2_check() };
+            }
+            if Isa::detect() == Isa::Avx512 {
+                unsafe { avx512_check() };
+            }
+        }
+    }
+
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn avx2_check() {
+        check::<x86::Avx2>();
+    }
+
+    /// # Safety
+    /// The CPU has AVX-512F, AVX-512VL, AVX2, FMA and BMI2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,bmi2")]
+    unsafe fn avx512_check() {
+        check::<x86::Avx512>();
     }
 }

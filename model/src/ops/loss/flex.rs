@@ -16,7 +16,7 @@ use rayon::prelude::*;
 
 use super::{composed, FusedCrossEntropy};
 use crate::ops::flex::{contiguous_f32, from_vec, rows_per_task};
-use crate::ops::simd::{exp, vectorized};
+use crate::ops::simd::{exp, vectorized, Madd};
 
 /// Elements per rayon task (at least; see [`rows_per_task`]).
 const TASK_ELEMS: usize = 16 * 1024;
@@ -76,16 +76,16 @@ fn row_max(x: &[f32]) -> f32 {
 
 /// The row's `(m, log Σ exp(x − m))` with `m = max(x)`; `log Σ exp(x) = m + log Σ exp(x − m)`.
 #[inline(always)]
-fn row_stats(x: &[f32]) -> (f32, f32) {
+fn row_stats(ma: Madd, x: &[f32]) -> (f32, f32) {
     let m = row_max(x);
     let mut acc = [0f32; LANES];
     let mut chunks = x.chunks_exact(LANES);
     for c in &mut chunks {
         for j in 0..LANES {
-            acc[j] += exp(c[j] - m);
+            acc[j] += exp(ma, c[j] - m);
         }
     }
-    let s = chunks.remainder().iter().fold(0f32, |s, &v| s + exp(v - m));
+    let s = chunks.remainder().iter().fold(0f32, |s, &v| s + exp(ma, v - m));
     (m, acc.iter().fold(s, |s, &a| s + a).ln())
 }
 
@@ -115,11 +115,11 @@ impl FusedCrossEntropy for Flex {
             .for_each(|((stats, loss), (x, t))| {
                 vectorized(
                     #[inline(always)]
-                    || {
+                    |ma| {
                         for r in 0..loss.len() {
                             if let Some(t) = target_index(t[r], ignore_index, v) {
                                 let row = &x[r * v..(r + 1) * v];
-                                let (m, log_sum) = row_stats(row);
+                                let (m, log_sum) = row_stats(ma, row);
                                 (stats[2 * r], stats[2 * r + 1]) = (m, log_sum);
                                 // −log softmax(x)[t] = log Σ exp(x − m) − (x[t] − m).
                                 loss[r] = log_sum - (row[t] - m);
@@ -165,9 +165,10 @@ impl FusedCrossEntropy for Flex {
                     |(d, (t, st))| {
                         vectorized(
                             #[inline(always)]
-                            || {
+                            |ma| {
                                 for (r, d) in d.chunks_exact_mut(v).enumerate() {
                                     grad_row_in_place(
+                                        ma,
                                         d,
                                         target_index(t[r], ignore_index, v),
                                         st[2 * r],
@@ -191,11 +192,11 @@ impl FusedCrossEntropy for Flex {
             .for_each(|((d, x), (t, st))| {
                 vectorized(
                     #[inline(always)]
-                    || {
+                    |ma| {
                         for (r, (d, x)) in d.chunks_exact_mut(v).zip(x.chunks_exact(v)).enumerate() {
                             // An ignored row stays as allocated: zeros.
                             if let Some(t) = target_index(t[r], ignore_index, v) {
-                                grad_row(x, d, t, st[2 * r], st[2 * r + 1], g);
+                                grad_row(ma, x, d, t, st[2 * r], st[2 * r + 1], g);
                             }
                         }
                     },
@@ -209,23 +210,23 @@ impl FusedCrossEntropy for Flex {
 /// from the row's statistics, computed as `(x − m) − log_sum` like a log-softmax, so large
 /// logits lose no precision to a rounded log-sum-exp.
 #[inline(always)]
-fn grad_row(x: &[f32], d: &mut [f32], t: usize, m: f32, log_sum: f32, g: f32) {
+fn grad_row(ma: Madd, x: &[f32], d: &mut [f32], t: usize, m: f32, log_sum: f32, g: f32) {
     for (d, &x) in d.iter_mut().zip(x) {
-        *d = g * exp((x - m) - log_sum);
+        *d = g * exp(ma, (x - m) - log_sum);
     }
-    d[t] = g * (exp((x[t] - m) - log_sum) - 1.0);
+    d[t] = g * (exp(ma, (x[t] - m) - log_sum) - 1.0);
 }
 
 /// [`grad_row`] with `d` holding `x` on entry; an ignored row (`t` `None`) becomes 0.
 #[inline(always)]
-fn grad_row_in_place(d: &mut [f32], t: Option<usize>, m: f32, log_sum: f32, g: f32) {
+fn grad_row_in_place(ma: Madd, d: &mut [f32], t: Option<usize>, m: f32, log_sum: f32, g: f32) {
     let Some(t) = t else {
         d.fill(0.0);
         return;
     };
-    let pt = exp((d[t] - m) - log_sum);
+    let pt = exp(ma, (d[t] - m) - log_sum);
     for d in d.iter_mut() {
-        *d = g * exp((*d - m) - log_sum);
+        *d = g * exp(ma, (*d - m) - log_sum);
     }
     d[t] = g * (pt - 1.0);
 }

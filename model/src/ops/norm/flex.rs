@@ -248,7 +248,7 @@ fn sum_chunks(partials: &[f32], width: usize) -> Vec<f32> {
     let mut total = vec![0f32; width];
     vectorized(
         #[inline(always)]
-        || {
+        |_| {
             for part in partials.chunks_exact(width) {
                 for (t, &p) in total.iter_mut().zip(part) {
                     *t += p;
@@ -293,7 +293,7 @@ impl FusedNorm for Flex {
             .for_each(|((y, x), (mean, rstd))| {
                 vectorized(
                     #[inline(always)]
-                    || {
+                    |_| {
                         for (i, (x, y)) in x.chunks_exact(c).zip(y.chunks_exact_mut(c)).enumerate() {
                             (mean[i], rstd[i]) = layer_norm_row(x, gs, bs, eps, y);
                         }
@@ -337,7 +337,7 @@ impl FusedNorm for Flex {
                 let (dgamma, dbeta) = part.split_at_mut(c);
                 vectorized(
                     #[inline(always)]
-                    || {
+                    |_| {
                         let rows = dx.chunks_exact_mut(c).zip(dy.chunks_exact(c).zip(x.chunks_exact(c)));
                         for (i, (dx, (dy, x))) in rows.enumerate() {
                             layer_norm_backward_row(dy, x, gs, mean[i], rstd[i], dx, dgamma, dbeta);
@@ -371,7 +371,7 @@ impl FusedNorm for Flex {
             |((y, x), rstd)| {
                 vectorized(
                     #[inline(always)]
-                    || {
+                    |_| {
                         for (i, (x, y)) in x.chunks_exact(c).zip(y.chunks_exact_mut(c)).enumerate() {
                             rstd[i] = rms_norm_row(x, gs, eps, y);
                         }
@@ -413,7 +413,7 @@ impl FusedNorm for Flex {
             .for_each(|(((dx, (dy, x)), rstd), dgamma)| {
                 vectorized(
                     #[inline(always)]
-                    || {
+                    |_| {
                         let rows = dx.chunks_exact_mut(c).zip(dy.chunks_exact(c).zip(x.chunks_exact(c)));
                         for (i, (dx, (dy, x))) in rows.enumerate() {
                             rms_norm_backward_row(dy, x, gs, rstd[i], dx, dgamma);

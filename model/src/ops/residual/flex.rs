@@ -17,7 +17,7 @@ fn add_into(target: FlexTensor, other: &FlexTensor) -> Result<FlexTensor, FlexTe
             &other,
             target,
             #[inline(always)]
-            |o, t| t + o,
+            |_, o, t| t + o,
         ),
         None => Err(target),
     }
@@ -37,7 +37,7 @@ fn add_broadcast_into(mut a: FlexTensor, b: &FlexTensor) -> Result<FlexTensor, F
                     &b,
                     row,
                     #[inline(always)]
-                    |b, a| a + b,
+                    |_, b, a| a + b,
                 );
             }
             Ok(a)
@@ -82,7 +82,7 @@ impl FusedAdd for Flex {
             &xs,
             &ys,
             #[inline(always)]
-            |x, y| x + y,
+            |_, x, y| x + y,
         );
         from_vec(out, a.shape())
     }
