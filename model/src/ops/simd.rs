@@ -43,11 +43,12 @@ impl Madd {
 pub fn vectorized<R>(f: impl FnOnce(Madd) -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx512f") {
+        use std::is_x86_feature_detected as has;
+        if has!("avx512f") && has!("avx512vl") && has!("avx2") && has!("fma") && has!("bmi2") {
             // SAFETY: the CPU supports the features the function is compiled with.
             return unsafe { avx512(f) };
         }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        if has!("avx2") && has!("fma") && has!("bmi2") {
             // SAFETY: as above.
             return unsafe { avx2(f) };
         }
@@ -244,8 +245,9 @@ mod tests {
         assert!((s - want).abs() < 1e-4 * want);
         // The mode fits the instructions the closure ran with.
         #[cfg(target_arch = "x86_64")]
-        let fma = std::is_x86_feature_detected!("avx512f")
-            || (std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"));
+        let fma = std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("bmi2");
         #[cfg(not(target_arch = "x86_64"))]
         let fma = cfg!(target_arch = "aarch64");
         assert_eq!(ma, if fma { Madd::Fused } else { Madd::Separate });

@@ -353,6 +353,11 @@ impl<'a> Strided<'a> {
     }
 }
 
+/// The first contents of the `BR × BC` score buffers, whose entries past a diagonal strip's
+/// width are never computed: NaN in tests, so a stale entry that reached an output would show
+/// there (the kernels must mask or overwrite them), 0 otherwise.
+const STALE: f32 = if cfg!(test) { f32::NAN } else { 0.0 };
+
 /// Rows per strip of a diagonal block (see [`block_product`]).
 const STRIP: usize = 8;
 
@@ -375,7 +380,8 @@ fn strips(rows: usize) -> impl Iterator<Item = (usize, usize)> {
 enum Triangle {
     /// `C = A·B` where row `r` needs columns `0..=r` only (Q·Kᵀ, dO·Vᵀ): each strip computes
     /// the columns up to its last row (rounded up to [`L`]) and leaves the rest of `C` as it
-    /// was (the row operations read only the visible keys and write 0 over the others).
+    /// was. Nothing reads those stale entries: `exp_row` selects 0 over them (P), and dS's
+    /// products read, strip by strip, only columns their rows' strips computed (dS).
     Columns,
     /// `C += A·B` with `A[r][p] = 0` for `p > r` (P·V, dS·K): each strip sums over `p` up to
     /// its last row only.
@@ -739,7 +745,7 @@ impl ForwardScratch {
             kt: vec![0.0; dp * tp],
             v: vec![0.0; tp * dp],
             q: vec![0.0; tp * dp],
-            s: vec![0.0; BR * BC],
+            s: vec![STALE; BR * BC],
             acc: vec![0.0; BR * dp],
             m: vec![0.0; BR],
             l: vec![0.0; BR],
@@ -880,8 +886,8 @@ impl BackwardScratch {
             dq: big(),
             lse: vec![0.0; tp],
             delta: vec![0.0; tp],
-            p: vec![0.0; BR * BC],
-            ds: vec![0.0; BR * BC],
+            p: vec![STALE; BR * BC],
+            ds: vec![STALE; BR * BC],
             row: vec![0.0; dp],
             block: vec![0.0; L * dp],
             block_start: vec![0; tp / BR],
@@ -984,11 +990,6 @@ fn backward_task<K: Kernel>(
                     let (p, ds) = (&s.p[r * BC..(r + 1) * BC], &mut s.ds[r * BC..(r + 1) * BC]);
                     for (ds, &p) in ds.iter_mut().zip(p) {
                         *ds = p * (*ds - delta);
-                    }
-                    if diagonal {
-                        // Past the row's own key dP was not computed (stale values, maybe not
-                        // finite) and P is 0: dS is 0 there.
-                        ds[r + 1..].fill(0.0);
                     }
                 }
                 // dK += dSᵀ·Q, dQ += dS·K (both scaled by 1/√d when written).

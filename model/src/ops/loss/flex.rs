@@ -85,7 +85,10 @@ fn row_stats(ma: Madd, x: &[f32]) -> (f32, f32) {
             acc[j] += exp(ma, c[j] - m);
         }
     }
-    let s = chunks.remainder().iter().fold(0f32, |s, &v| s + exp(ma, v - m));
+    let mut s = 0f32;
+    for &v in chunks.remainder() {
+        s += exp(ma, v - m);
+    }
     (m, acc.iter().fold(s, |s, &a| s + a).ln())
 }
 
