@@ -13,6 +13,20 @@ use crate::gpt::model::Gpt;
 use crate::llama::config::LlamaConfig;
 use crate::llama::model::Llama;
 
+/// The element count of each float parameter tensor of `module`, in module visiting order
+/// (`Module::visit`); parameters not yet drawn stay undrawn (their lazy shapes are read).
+pub fn param_sizes<B: Backend, M: Module<B>>(module: &M) -> Vec<usize> {
+    struct Sizes(Vec<usize>);
+    impl<B: Backend> burn::module::ModuleVisitor<B> for Sizes {
+        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<B, D>>) {
+            self.0.push(param.lazy_shape().num_elements());
+        }
+    }
+    let mut sizes = Sizes(Vec::new());
+    module.visit(&mut sizes);
+    sizes.0
+}
+
 /// The configuration of any supported architecture, tagged by `arch` in files
 /// (`arch = "gpt2"` or `arch = "llama"`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -55,20 +69,12 @@ impl ModelConfig {
     ///
     /// Errors: the config is invalid (the field is named).
     pub fn param_sizes(&self) -> Result<Vec<usize>, ConfigError> {
-        struct Sizes(Vec<usize>);
-        impl<B: Backend> burn::module::ModuleVisitor<B> for Sizes {
-            fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<B, D>>) {
-                self.0.push(param.lazy_shape().num_elements());
-            }
-        }
         type Shapes = burn::backend::Flex;
         let device = Default::default();
-        let mut sizes = Sizes(Vec::new());
-        match self {
-            ModelConfig::Gpt2(c) => c.build::<Shapes>(&device)?.visit(&mut sizes),
-            ModelConfig::Llama(c) => c.build::<Shapes>(&device)?.visit(&mut sizes),
-        }
-        Ok(sizes.0)
+        Ok(match self {
+            ModelConfig::Gpt2(c) => param_sizes(&c.build::<Shapes>(&device)?),
+            ModelConfig::Llama(c) => param_sizes(&c.build::<Shapes>(&device)?),
+        })
     }
 
     /// Checks the configuration (see the architectures' `validate`).

@@ -41,19 +41,44 @@ impl Madd {
 /// vectorize each chunk.
 #[inline(always)]
 pub fn vectorized<R>(f: impl FnOnce(Madd) -> R) -> R {
+    match wide_instructions() {
+        // SAFETY: the CPU supports the features the function is compiled with.
+        #[cfg(target_arch = "x86_64")]
+        Some(Wide::Avx512) => unsafe { avx512(f) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Some(Wide::Avx2) => unsafe { avx2(f) },
+        _ => f(Madd::BASELINE),
+    }
+}
+
+/// The wide x86 instruction sets the Flex kernels are compiled for (with `#[target_feature]`
+/// functions), each with every feature those functions enable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wide {
+    /// AVX-512F, AVX-512VL, AVX2, FMA and BMI2.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    /// AVX2, FMA and BMI2.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+/// The widest [`Wide`] set this CPU has (detected at run time; `std` caches the answer), or
+/// `None` (other CPUs and architectures: the kernels run with the baseline instructions).
+#[inline(always)]
+pub fn wide_instructions() -> Option<Wide> {
     #[cfg(target_arch = "x86_64")]
     {
         use std::is_x86_feature_detected as has;
         if has!("avx512f") && has!("avx512vl") && has!("avx2") && has!("fma") && has!("bmi2") {
-            // SAFETY: the CPU supports the features the function is compiled with.
-            return unsafe { avx512(f) };
+            return Some(Wide::Avx512);
         }
         if has!("avx2") && has!("fma") && has!("bmi2") {
-            // SAFETY: as above.
-            return unsafe { avx2(f) };
+            return Some(Wide::Avx2);
         }
     }
-    f(Madd::BASELINE)
+    None
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -243,13 +268,8 @@ mod tests {
         );
         let want: f32 = v.iter().map(|&x| (-x).exp()).sum();
         assert!((s - want).abs() < 1e-4 * want);
-        // The mode fits the instructions the closure ran with.
-        #[cfg(target_arch = "x86_64")]
-        let fma = std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma")
-            && std::is_x86_feature_detected!("bmi2");
-        #[cfg(not(target_arch = "x86_64"))]
-        let fma = cfg!(target_arch = "aarch64");
-        assert_eq!(ma, if fma { Madd::Fused } else { Madd::Separate });
+        // The mode fits the instructions the closure ran with: fused with AVX2+FMA or wider.
+        let want = if wide_instructions().is_some() { Madd::Fused } else { Madd::BASELINE };
+        assert_eq!(ma, want);
     }
 }

@@ -2,9 +2,8 @@
 //! shards the AdamW state ([`crate::step::shard`]), and by the accounting, which estimates what
 //! the largest share costs ([`super::accounting`]).
 
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::Module;
 use burn::tensor::backend::Backend;
-use burn::tensor::Tensor;
 
 /// Which rank owns each parameter tensor's optimizer state: a deterministic, balanced split by
 /// element count (PyTorch's `ZeroRedundancyOptimizer` partition: tensors from the largest
@@ -39,15 +38,7 @@ impl Partition {
 
     /// The split of `module`'s float parameters over `world_size` ranks.
     pub fn of<B: Backend, M: Module<B>>(module: &M, world_size: usize) -> Self {
-        struct Sizes(Vec<usize>);
-        impl<B: Backend> ModuleVisitor<B> for Sizes {
-            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-                self.0.push(param.lazy_shape().num_elements());
-            }
-        }
-        let mut sizes = Sizes(Vec::new());
-        module.visit(&mut sizes);
-        Self::balanced(&sizes.0, world_size)
+        Self::balanced(&ember_model::lm::param_sizes(module), world_size)
     }
 
     /// The most elements any rank owns (the rank that needs the most memory).

@@ -43,7 +43,7 @@ use rayon::prelude::*;
 
 use super::{composed, FusedAttention};
 use crate::ops::flex::from_vec;
-use crate::ops::simd::{exp, Madd};
+use crate::ops::simd::{exp, wide_instructions, Madd, Wide};
 
 /// Query rows per block.
 const BR: usize = 64;
@@ -303,11 +303,9 @@ fn starts(positions: IntTensor<Flex>, batch: usize, len: usize) -> Vec<u32> {
 
 /// A register-tiled `C (+)= A·B` for one instruction set (see [`gemm()`]).
 trait Kernel {
-    /// Whether `madd` is fused (so [`Kernel::madd`] rounds as the products do).
-    const FMA: bool;
-
-    /// The same choice as a [`Madd`] mode (also for the row operations' `exp`).
-    const MADD: Madd = if Self::FMA { Madd::Fused } else { Madd::Separate };
+    /// How the tiles round a multiply-add: fused where the instruction set has FMA, so
+    /// [`Kernel::madd`] and the row operations' `exp` round as the products do.
+    const MADD: Madd;
 
     /// `a·b + c`, rounded as the products' accumulation is.
     #[inline(always)]
@@ -480,7 +478,7 @@ impl Portable {
 }
 
 impl Kernel for Portable {
-    const FMA: bool = cfg!(target_arch = "aarch64");
+    const MADD: Madd = Madd::BASELINE;
 
     #[inline(always)]
     unsafe fn gemm<const ACC: bool>(
@@ -508,7 +506,7 @@ mod x86 {
     //! vectorizer does not reliably keep large tiles in registers).
     use std::arch::x86_64::*;
 
-    use super::{Kernel, L};
+    use super::{Kernel, Madd, L};
 
     /// AVX-512: tiles of 8 rows × 32 columns (16 accumulators of AVX-512's 32 registers).
     #[derive(Clone, Copy)]
@@ -578,7 +576,7 @@ mod x86 {
     }
 
     impl Kernel for Avx512 {
-        const FMA: bool = true;
+        const MADD: Madd = Madd::Fused;
 
         #[inline(always)]
         unsafe fn gemm<const ACC: bool>(
@@ -642,7 +640,7 @@ mod x86 {
     }
 
     impl Kernel for Avx2 {
-        const FMA: bool = true;
+        const MADD: Madd = Madd::Fused;
 
         #[inline(always)]
         unsafe fn gemm<const ACC: bool>(
@@ -1029,7 +1027,7 @@ pub(super) enum Isa {
     /// AVX-512F (with VL, AVX2, FMA, BMI2): [`x86::Avx512`] tiles.
     #[cfg(target_arch = "x86_64")]
     Avx512,
-    /// AVX2 and FMA: [`x86::Avx2`] tiles.
+    /// AVX2, FMA and BMI2 ([`Wide::Avx2`]): [`x86::Avx2`] tiles.
     #[cfg(target_arch = "x86_64")]
     Avx2,
     /// Anything else: [`Portable`].
@@ -1043,17 +1041,13 @@ impl Isa {
         if let Some(isa) = FORCE_ISA.with(|f| f.get()) {
             return isa;
         }
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::is_x86_feature_detected as has;
-            if has!("avx512f") && has!("avx512vl") && has!("avx2") && has!("fma") && has!("bmi2") {
-                return Isa::Avx512;
-            }
-            if has!("avx2") && has!("fma") {
-                return Isa::Avx2;
-            }
+        match wide_instructions() {
+            #[cfg(target_arch = "x86_64")]
+            Some(Wide::Avx512) => Isa::Avx512,
+            #[cfg(target_arch = "x86_64")]
+            Some(Wide::Avx2) => Isa::Avx2,
+            _ => Isa::Portable,
         }
-        Isa::Portable
     }
 
     /// Every instruction set this CPU can run.
@@ -1432,15 +1426,14 @@ mod diagonal_tests {
 
     #[test]
     fn diagonal_strips_equal_the_whole_block() {
-        check::<Portable>();
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                // SAFETY: the instructions are present (checked above and below).
-                unsafe { avx2_check() };
-            }
-            if Isa::detect() == Isa::Avx512 {
-                unsafe { avx512_check() };
+        for isa in Isa::available() {
+            match isa {
+                // SAFETY: `Isa::available` lists only instruction sets this CPU has.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => unsafe { avx512_check() },
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { avx2_check() },
+                Isa::Portable => check::<Portable>(),
             }
         }
     }
