@@ -21,11 +21,12 @@ impl<B: FusedMatmul> Backward<B, 2> for MatmulBackward {
         let (x, w) = ops.state;
         let dy = grads.consume::<B>(&ops.node);
         let [x_node, w_node] = ops.parents;
-        if let Some(node) = w_node {
-            register_grad!(grads, B, node, B::fused_matmul_dw(x, dy.clone(), &w));
+        let (dx, dw) = B::fused_matmul_backward(x, w, dy, x_node.is_some(), w_node.is_some());
+        if let (Some(node), Some(dw)) = (w_node, dw) {
+            register_grad!(grads, B, node, dw);
         }
-        if let Some(node) = x_node {
-            register_grad!(grads, B, node, B::fused_matmul_dx(dy, w));
+        if let (Some(node), Some(dx)) = (x_node, dx) {
+            register_grad!(grads, B, node, dx);
         }
     }
 }

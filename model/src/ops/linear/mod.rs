@@ -38,6 +38,22 @@ pub trait FusedMatmul: Backend {
     ) -> FloatTensor<Self> {
         Self::float_matmul(Self::float_swap_dims(x, 0, 1), dy)
     }
+
+    /// Both gradients of `y = x·w` for the incoming `dy` `[n, m]`: `(dy·wᵀ, xᵀ·dy)`, each
+    /// only where asked (`want_dx`, `want_dw`). The default computes them one after the
+    /// other with [`Self::fused_matmul_dw`] and [`Self::fused_matmul_dx`]; an implementation
+    /// may run the two independent products at the same time.
+    fn fused_matmul_backward(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        want_dx: bool,
+        want_dw: bool,
+    ) -> (Option<FloatTensor<Self>>, Option<FloatTensor<Self>>) {
+        let dw = want_dw.then(|| Self::fused_matmul_dw(x, dy.clone(), &w));
+        let dx = want_dx.then(|| Self::fused_matmul_dx(dy, w));
+        (dx, dw)
+    }
 }
 
 /// CUDA: Burn's matmul (cubek), unchanged.
