@@ -12,7 +12,8 @@
 //! - [`sentinel`]: the stability sentinel (non-finite steps skipped, loss spikes);
 //! - [`shard`]: ZeRO-1, the AdamW state sharded across ranks (`[parallel] shard_optimizer`);
 //! - [`sync`]: the gradient exchange as the step sees it ([`GradSync`], [`Solo`]);
-//! - [`batch`], [`eval`]: host batches to tensors; the validation loss.
+//! - [`batch`], [`eval`]: host batches to tensors; the validation loss;
+//! - [`worker`]: a single-rank loop run on one of rayon's worker threads.
 //!
 //! May use: [`crate::config`], [`crate::observe`], [`crate::error`]. Knows no ranks' transport
 //! (that is [`crate::parallel`]), no files and no run loop.
@@ -31,6 +32,7 @@ pub mod sentinel;
 pub mod shard;
 pub mod sync;
 pub mod train_step;
+pub mod worker;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Tensor};

@@ -6,6 +6,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 use crate::config::BackendKind;
 use crate::error::TrainError;
+use crate::step::worker::on_pool_worker;
 
 /// Work to run on whichever backend the configuration chose.
 pub trait BackendTask {
@@ -14,19 +15,34 @@ pub trait BackendTask {
     /// Runs the task on autodiff backend `B` (use `B::InnerBackend` for inference), with one
     /// device per requested index (the first one for single-device work).
     fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Result<Self::Output, TrainError>;
+
+    /// True unless the task may exchange with other ranks (a data-parallel run): only a
+    /// single-rank task runs on a worker of rayon's pool ([`on_pool_worker`]).
+    fn single_rank(&self) -> bool {
+        true
+    }
 }
 
 /// Runs `task` on `kind` with devices `indices` (CUDA device indices; on the CPU, one burn-flex
 /// device per index).
 ///
 /// Errors: `cuda` in a build without the `cuda` feature, or no usable CUDA device/driver.
-pub fn run_on<T: BackendTask>(
+pub fn run_on<T: BackendTask + Send>(
     kind: BackendKind,
     indices: &[usize],
     task: T,
-) -> Result<T::Output, TrainError> {
+) -> Result<T::Output, TrainError>
+where
+    T::Output: Send,
+{
     match kind {
-        BackendKind::Flex => task.run::<Autodiff<Flex>>(indices.iter().map(|_| Default::default()).collect()),
+        BackendKind::Flex => {
+            let devices = indices.iter().map(|_| Default::default()).collect();
+            match indices.len() == 1 && task.single_rank() {
+                true => on_pool_worker(move || task.run::<Autodiff<Flex>>(devices)),
+                false => task.run::<Autodiff<Flex>>(devices),
+            }
+        }
         BackendKind::Cuda => run_cuda(indices, task),
     }
 }

@@ -18,15 +18,18 @@ use crate::runner::{train, RunOptions, RunSummary};
 use crate::step::eval::evaluate;
 
 /// Trains (or resumes) on `options.config.backend`; `log` receives every line.
-pub fn train_run(options: RunOptions, log: &mut dyn FnMut(&str)) -> Result<RunSummary, TrainError> {
+pub fn train_run(options: RunOptions, log: &mut (dyn FnMut(&str) + Send)) -> Result<RunSummary, TrainError> {
     struct Task<'a> {
         options: RunOptions,
-        log: &'a mut dyn FnMut(&str),
+        log: &'a mut (dyn FnMut(&str) + Send),
     }
     impl BackendTask for Task<'_> {
         type Output = RunSummary;
         fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Result<RunSummary, TrainError> {
             train::<B>(self.options, devices, self.log)
+        }
+        fn single_rank(&self) -> bool {
+            self.options.config.world_size() == 1
         }
     }
     let backend = options.config.backend;

@@ -82,13 +82,13 @@ pub fn replay_run(
     run_dir: &Path,
     step: u64,
     backend: Option<BackendKind>,
-    log: &mut dyn FnMut(&str),
+    log: &mut (dyn FnMut(&str) + Send),
 ) -> Result<ReplayReport, TrainError> {
     struct Task<'a> {
         trained: Trained,
         run_dir: &'a Path,
         step: u64,
-        log: &'a mut dyn FnMut(&str),
+        log: &'a mut (dyn FnMut(&str) + Send),
     }
     impl BackendTask for Task<'_> {
         type Output = ReplayReport;
