@@ -297,6 +297,9 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
     keep_freed_memory();
+    // A single-rank training loop runs on a rayon worker thread: give those the main thread's
+    // stack size.
+    ember_train::step::worker::build_pool();
     // burn-collective logs every connection at INFO level once a subscriber is installed (it
     // installs one itself unless one exists): warnings and errors only, on stderr.
     let _ = tracing_subscriber::fmt()

@@ -231,6 +231,8 @@ fn with_dashboard(options: RunOptions) -> anyhow::Result<ember_train::RunSummary
     let controls = options.controls.clone();
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     let (log_tx, log_rx) = std::sync::mpsc::channel::<String>();
+    // Before the training starts: without a terminal there is nothing to run.
+    let mut terminal = crate::dashboard::open_terminal()?;
     let training = std::thread::spawn(move || {
         ember_train::tools::commands::train_run(options, &mut |line| {
             let _ = tx.send(line.to_string());
@@ -240,7 +242,6 @@ fn with_dashboard(options: RunOptions) -> anyhow::Result<ember_train::RunSummary
     let finished = |_: &crate::dashboard::Dashboard| {
         training.is_finished().then(|| "finished: press any key".to_string())
     };
-    let mut terminal = ratatui::init();
     let shown = crate::dashboard::run(
         &mut terminal,
         dashboard,

@@ -36,7 +36,7 @@ pub fn run(args: WatchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let board = dashboard::for_run(&args.run_dir, None);
-    let mut terminal = ratatui::init();
+    let mut terminal = dashboard::open_terminal()?;
     // Finished when the newest record reached max_steps; idle when nothing was written for a
     // minute (a stopped or crashed run).
     let finished = |d: &dashboard::Dashboard| {

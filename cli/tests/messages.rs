@@ -82,3 +82,40 @@ fn negative_numbers_reach_the_checks_of_numeric_flags() {
         assert!(err.contains(&format!("invalid value '{}' for {flag}", args[args.len() - 1])), "{err}");
     }
 }
+
+/// `--tui` and `ember watch` without a terminal (a new session, so no controlling tty; stdin
+/// from /dev/null, output piped): an error that says so, not ratatui's panic, and no run
+/// directory created before it.
+#[cfg(unix)]
+#[test]
+fn the_dashboard_without_a_terminal_is_an_error() {
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+    let dir = workdir();
+    let w = dir.path();
+    let without_tty = |args: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ember"));
+        command.args(args).current_dir(w).stdin(Stdio::null());
+        // SAFETY: setsid only detaches the child from this terminal; it runs between fork and
+        // exec and touches no memory of the parent.
+        unsafe {
+            command.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        command.output().expect("ember runs")
+    };
+    let expected = "error: the dashboard needs a terminal, and this one cannot be opened";
+    let out = without_tty(&["train", "--config", "tiny.toml", "--run-dir", "run", "--tui"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(expected) && stderr.contains("run without --tui"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!w.join("run").exists(), "the run directory was created");
+    // `ember watch` on a run: stdout is not a terminal, so plain lines (no dashboard).
+    ok(&["train", "--config", "tiny.toml", "--run-dir", "done", "--no-tui"], w);
+    let out = without_tty(&["watch", "done"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("step      6"), "{out:?}");
+}

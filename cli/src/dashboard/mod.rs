@@ -114,6 +114,19 @@ pub struct Attached<'a> {
     pub finished: &'a dyn Fn(&Dashboard) -> Option<String>,
 }
 
+/// Opens the terminal for the dashboard (raw mode, alternate screen; ratatui restores it on a
+/// panic and [`ratatui::restore`] at the end).
+///
+/// Errors: no terminal to draw on (output redirected, no controlling tty), as a message that
+/// says so; ratatui's own `init` panics there.
+pub fn open_terminal() -> anyhow::Result<ratatui::DefaultTerminal> {
+    ratatui::try_init().map_err(|e| {
+        // Raw mode may be on already; the alternate screen was not entered (or failed).
+        let _ = ratatui::crossterm::terminal::disable_raw_mode();
+        anyhow::anyhow!("the dashboard needs a terminal, and this one cannot be opened ({e}); run without --tui or use `ember watch` from a terminal")
+    })
+}
+
 /// Runs the dashboard in `terminal` until the user quits (watching) or the run ends and the
 /// user presses a key (training). Returns the dashboard's final state.
 ///

@@ -15,6 +15,17 @@
 //! it waits, or where the collective's own work (its sums run on the pool) could find every
 //! worker busy waiting.
 
+/// Stack size of rayon's worker threads in the `ember` binary: 8 MiB, the main thread's on
+/// Linux, where the loop ran before (Rust gives spawned threads 2 MiB).
+pub const WORKER_STACK_BYTES: usize = 8 << 20;
+
+/// Builds rayon's global pool with [`WORKER_STACK_BYTES`] stacks, its thread count rayon's own
+/// (`RAYON_NUM_THREADS`, else one per core). Call it before anything uses rayon; once the pool
+/// exists (built here or by a first use) it is left as it is.
+pub fn build_pool() {
+    let _ = rayon::ThreadPoolBuilder::new().stack_size(WORKER_STACK_BYTES).build_global();
+}
+
 /// Runs `f` on a worker thread of rayon's global pool and returns its result; the caller
 /// waits. Runs `f` right here when this thread is already a worker, or when the pool has a
 /// single thread (nothing to gain, and `f` would then own the only worker).

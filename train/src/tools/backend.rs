@@ -24,7 +24,8 @@ pub trait BackendTask {
 }
 
 /// Runs `task` on `kind` with devices `indices` (CUDA device indices; on the CPU, one burn-flex
-/// device per index).
+/// device per index). On the CPU, a task with one device that is [`BackendTask::single_rank`]
+/// runs on a worker thread of rayon's pool ([`on_pool_worker`]); the caller waits.
 ///
 /// Errors: `cuda` in a build without the `cuda` feature, or no usable CUDA device/driver.
 pub fn run_on<T: BackendTask + Send>(
