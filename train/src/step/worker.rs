@@ -6,7 +6,7 @@
 //! GPT-2 step on the CPU makes ~1,000 such calls (6/6/384: 13,800 context switches in a
 //! 12-step `ember bench`). Run on a worker thread, the loop calls rayon from inside the pool:
 //! the worker does its own share of each operation and the other threads steal the rest, so
-//! nothing is handed over and nobody sleeps between operations (4,900 context switches).
+//! nothing is handed over and nobody sleeps between operations (4,450 context switches).
 //! Measured on 2 vCPUs in alternating runs: 4/4/128 context 64, 43.5–47.7 against 45.7–50.8
 //! ms per step (7 of 8 pairs faster, 6% on average); 6/6/384 context 256, 2% faster (5 of 6).
 //!

@@ -1401,26 +1401,16 @@ mod diagonal_tests {
             let p = matrix(rows, BC, 3, |r, c| c > r);
             let v = matrix(rows, n, 4, |_, _| false);
             let c0 = matrix(rows, n, 5, |_, _| false);
-            let (mut full, mut strip) = (c0.clone(), c0.clone());
-            gemm::<K, true>((rows, n, rows), Strided::rows(&p, BC), (&v, n), (&mut full, n));
-            block_product::<K>(
-                (true, Triangle::Lower),
-                (rows, n, rows),
-                Strided::rows(&p, BC),
-                (&v, n),
-                (&mut strip, n),
-            );
-            assert_eq!(full, strip, "lower product, {rows} rows");
-            let (mut full, mut strip) = (c0.clone(), c0);
-            gemm::<K, true>((rows, n, rows), Strided::transposed(&p, BC), (&v, n), (&mut full, n));
-            block_product::<K>(
-                (true, Triangle::Upper),
-                (rows, n, rows),
-                Strided::transposed(&p, BC),
-                (&v, n),
-                (&mut strip, n),
-            );
-            assert_eq!(full, strip, "upper product, {rows} rows");
+            let cases = [
+                (Triangle::Lower, Strided::rows(&p, BC), "lower"),
+                (Triangle::Upper, Strided::transposed(&p, BC), "upper"),
+            ];
+            for (triangle, a, name) in cases {
+                let (mut full, mut strip) = (c0.clone(), c0.clone());
+                gemm::<K, true>((rows, n, rows), a, (&v, n), (&mut full, n));
+                block_product::<K>((true, triangle), (rows, n, rows), a, (&v, n), (&mut strip, n));
+                assert_eq!(full, strip, "{name} product, {rows} rows");
+            }
         }
     }
 

@@ -6,7 +6,7 @@ use burn::backend::Flex;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn::tensor::{Bytes, DType, Shape};
 
-use super::FusedMatmul;
+use super::{one_after_the_other, FusedMatmul};
 
 /// Burn-flex's threshold for a multi-threaded gemm (m·n·k).
 const PARALLEL: usize = 192 * 192 * 192;
@@ -209,9 +209,7 @@ impl FusedMatmul for Flex {
                 && x_shape[0] * x_shape[1] * w_shape[1] >= PARALLEL
         };
         if !(want_dx && want_dw && large) {
-            let dw = want_dw.then(|| Self::fused_matmul_dw(x, dy.clone(), &w));
-            let dx = want_dx.then(|| Self::fused_matmul_dx(dy, w));
-            return (dx, dw);
+            return one_after_the_other::<Self>(x, w, dy, want_dx, want_dw);
         }
         let dy_for_dx = dy.clone();
         let (dw, dx) =

@@ -50,10 +50,22 @@ pub trait FusedMatmul: Backend {
         want_dx: bool,
         want_dw: bool,
     ) -> (Option<FloatTensor<Self>>, Option<FloatTensor<Self>>) {
-        let dw = want_dw.then(|| Self::fused_matmul_dw(x, dy.clone(), &w));
-        let dx = want_dx.then(|| Self::fused_matmul_dx(dy, w));
-        (dx, dw)
+        one_after_the_other::<Self>(x, w, dy, want_dx, want_dw)
     }
+}
+
+/// [`FusedMatmul::fused_matmul_backward`]'s default: `xᵀ·dy` (if `want_dw`), then `dy·wᵀ` (if
+/// `want_dx`), returned as `(dx, dw)`; also what an implementation falls back to.
+fn one_after_the_other<B: FusedMatmul>(
+    x: FloatTensor<B>,
+    w: FloatTensor<B>,
+    dy: FloatTensor<B>,
+    want_dx: bool,
+    want_dw: bool,
+) -> (Option<FloatTensor<B>>, Option<FloatTensor<B>>) {
+    let dw = want_dw.then(|| B::fused_matmul_dw(x, dy.clone(), &w));
+    let dx = want_dx.then(|| B::fused_matmul_dx(dy, w));
+    (dx, dw)
 }
 
 /// CUDA: Burn's matmul (cubek), unchanged.
