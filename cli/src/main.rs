@@ -183,14 +183,26 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 anyhow::bail!("--batches 0: expected at least 1 batch per split");
             }
             let report = ember_train::tools::commands::eval_run(source.source(), batches, backend)?;
+            let over = if report.train_batches == report.val_batches {
+                format!("{} batches each", report.val_batches)
+            } else {
+                format!("{} train and {} val batches", report.train_batches, report.val_batches)
+            };
+            for (split, used) in [("train", report.train_batches), ("val", report.val_batches)] {
+                if used < report.batches {
+                    err!(
+                        "note: the {split} split has {used} batches, fewer than the {} asked for: all of them were evaluated, each once",
+                        report.batches
+                    );
+                }
+            }
             out!(
-                "step {}: train loss {:.4} (ppl {:.2}), val loss {:.4} (ppl {:.2}) over {} batches each, {}",
+                "step {}: train loss {:.4} (ppl {:.2}), val loss {:.4} (ppl {:.2}) over {over}, {}",
                 report.step,
                 report.train_loss,
                 report.train_loss.exp(),
                 report.val_loss,
                 report.val_loss.exp(),
-                report.batches,
                 report.precision.name()
             );
             Ok(())

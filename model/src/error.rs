@@ -9,6 +9,9 @@ pub struct ConfigError {
     pub field: &'static str,
     /// What is wrong and what was expected.
     pub message: String,
+    /// The other field of a check between two (e.g. `n_head` when `d_model` is not divisible
+    /// by it), so a caller can name whichever of the two the user changed.
+    pub also: Option<&'static str>,
 }
 
 impl fmt::Display for ConfigError {
@@ -22,7 +25,9 @@ impl std::error::Error for ConfigError {}
 /// Errors with the first of `sizes` (`(field, value)`) that is 0.
 pub(crate) fn require_positive(sizes: &[(&'static str, usize)]) -> Result<(), ConfigError> {
     match sizes.iter().find(|(_, value)| *value == 0) {
-        Some(&(field, _)) => Err(ConfigError { field, message: "must be at least 1, got 0".into() }),
+        Some(&(field, _)) => {
+            Err(ConfigError { field, message: "must be at least 1, got 0".into(), also: None })
+        }
         None => Ok(()),
     }
 }

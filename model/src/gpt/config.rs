@@ -88,7 +88,8 @@ impl GptConfig {
     /// Errors: any size of 0; `d_model` not divisible by `n_head`; `dropout` outside `[0, 1)`;
     /// `layer_norm_eps` not positive.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let err = |field, message: String| Err(ConfigError { field, message });
+        let err = |field, message: String| Err(ConfigError { field, message, also: None });
+        let err_with = |field, also, message: String| Err(ConfigError { field, message, also: Some(also) });
         crate::error::require_positive(&[
             ("vocab_size", self.vocab_size),
             ("n_layer", self.n_layer),
@@ -97,8 +98,9 @@ impl GptConfig {
             ("block_size", self.block_size),
         ])?;
         if !self.d_model.is_multiple_of(self.n_head) {
-            return err(
+            return err_with(
                 "d_model",
+                "n_head",
                 format!(
                     "must be divisible by n_head ({}), got {} (remainder {})",
                     self.n_head,

@@ -62,7 +62,8 @@ impl LlamaConfig {
     /// Errors: a size of 0; `d_model` not divisible by `n_head`; `n_head` not divisible by
     /// `n_kv_head`; an odd head width (RoPE rotates pairs); non-positive θ or ε.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let err = |field, message: String| Err(ConfigError { field, message });
+        let err = |field, message: String| Err(ConfigError { field, message, also: None });
+        let err_with = |field, also, message: String| Err(ConfigError { field, message, also: Some(also) });
         crate::error::require_positive(&[
             ("vocab_size", self.vocab_size),
             ("n_layer", self.n_layer),
@@ -73,17 +74,23 @@ impl LlamaConfig {
             ("block_size", self.block_size),
         ])?;
         if !self.d_model.is_multiple_of(self.n_head) {
-            return err(
+            return err_with(
                 "d_model",
+                "n_head",
                 format!("must be divisible by n_head ({}), got {}", self.n_head, self.d_model),
             );
         }
         if !self.n_head.is_multiple_of(self.n_kv_head) {
-            return err("n_kv_head", format!("must divide n_head ({}), got {}", self.n_head, self.n_kv_head));
+            return err_with(
+                "n_kv_head",
+                "n_head",
+                format!("must divide n_head ({}), got {}", self.n_head, self.n_kv_head),
+            );
         }
         if !self.head_dim().is_multiple_of(2) {
-            return err(
+            return err_with(
                 "d_model",
+                "n_head",
                 format!("d_model / n_head must be even for RoPE, got {}", self.head_dim()),
             );
         }

@@ -57,7 +57,11 @@ impl RunConfig {
             config.optimizer.lr_decay_steps = Some(config.max_steps);
         }
         config.origin = Origin { vocab, ..origin.clone() };
-        config.validate().map_err(|(k, m)| key_err(&k, m))?;
+        config.validate().map_err(|e| {
+            let keys: Vec<&str> =
+                std::iter::once(e.key.as_str()).chain(e.related.iter().map(String::as_str)).collect();
+            origin.at_any(&keys, e.message)
+        })?;
         Ok(config)
     }
 }

@@ -332,14 +332,22 @@ impl Origin {
     /// Key `key` is wrong, `message` says how: an error naming the last `--set` that gave the
     /// key (or a table above it), else the file.
     pub fn at(&self, key: &str, message: impl Into<String>) -> ConfigError {
-        let set = self.overrides.iter().rev().find(|arg| {
+        self.at_any(&[key], message)
+    }
+
+    /// `keys[0]` is wrong in a check that relates all of `keys` (e.g. `model.d_model` and
+    /// `model.n_head`), `message` says how: an error naming `keys[0]` and the last `--set` that
+    /// gave any of the keys (or a table above one), else the file.
+    pub fn at_any(&self, keys: &[&str], message: impl Into<String>) -> ConfigError {
+        let gives = |arg: &String, key: &str| {
             arg.split_once('=').is_some_and(|(k, _)| {
                 let k = k.trim();
                 k == key || key.starts_with(&format!("{k}."))
             })
-        });
+        };
+        let set = self.overrides.iter().rev().find(|arg| keys.iter().any(|key| gives(arg, key)));
         let source: PathBuf = set.map_or_else(|| self.path.clone(), |arg| format!("--set {arg}").into());
-        ConfigError::at(source, key, message)
+        ConfigError::at(source, keys[0], message)
     }
 }
 

@@ -81,6 +81,29 @@ fn bad_values_name_the_key() {
     assert!(err.contains("key `model`: missing"), "{err}");
 }
 
+/// A check between two keys names the key it is about, and as its source the `--set` that gave
+/// either key; a key of such a check that nobody set leaves the file as the source.
+#[test]
+fn a_set_breaking_a_check_between_two_keys_is_named() {
+    let err = load(BASE, &["model.n_head=5"]).unwrap_err().to_string();
+    assert!(
+        err.starts_with("--set model.n_head=5: key `model.d_model`: must be divisible by n_head (5)"),
+        "{err}"
+    );
+    let err = load(BASE, &["optimizer.lr=1e-5", "optimizer.min_lr=1e-4"]).unwrap_err().to_string();
+    assert!(err.starts_with("--set optimizer.min_lr=1e-4: key `optimizer.min_lr`"), "{err}");
+    let err = load(BASE, &["optimizer.lr=1e-5", "seed=3"]).unwrap_err().to_string();
+    assert!(
+        err.starts_with("--set optimizer.lr=1e-5: key `optimizer.min_lr`: must be in [0, lr = 0.00001]"),
+        "{err}"
+    );
+    let err = load(BASE, &["optimizer.warmup_steps=20"]).unwrap_err().to_string();
+    assert!(err.starts_with("--set optimizer.warmup_steps=20: key `optimizer.lr_decay_steps`"), "{err}");
+    let text = BASE.replace("[model]", "[model]\nd_model = 33");
+    let err = load(&text, &["seed=3"]).unwrap_err().to_string();
+    assert!(err.starts_with("run.toml: key `model.d_model`: must be divisible by n_head"), "{err}");
+}
+
 #[test]
 fn malformed_set_and_toml_are_errors() {
     assert!(matches!(load(BASE, &["max_steps"]), Err(ConfigError::Set { .. })));

@@ -3,15 +3,44 @@
 
 use super::schema::{RunConfig, VocabSource};
 
+/// A value out of range: its dotted key, why, and the other keys of a check between several
+/// (so that a `--set` of any of them can be named as the error's source).
+#[derive(Debug)]
+pub(super) struct Invalid {
+    pub key: String,
+    pub related: Vec<String>,
+    pub message: String,
+}
+
+/// The other keys of the checks in [`RunConfig::validate_fields`] that relate several keys
+/// (each of these keys has only that one check).
+fn related(key: &str) -> &'static [&'static str] {
+    match key {
+        "parallel.data_port" => &["parallel.nodes", "parallel.coordinator"],
+        "parallel.node_rank" => &["parallel.nodes"],
+        "optimizer.min_lr" => &["optimizer.lr"],
+        "optimizer.lr_decay_steps" => &["optimizer.warmup_steps", "max_steps"],
+        _ => &[],
+    }
+}
+
 impl RunConfig {
-    /// The first key whose value is out of range, and why: `(dotted key, message)`.
-    pub(super) fn validate(&self) -> Result<(), (String, String)> {
-        self.validate_fields().map_err(|(key, message)| (key.to_string(), message))?;
+    /// The first key whose value is out of range, and why.
+    pub(super) fn validate(&self) -> Result<(), Invalid> {
+        self.validate_fields().map_err(|(key, message)| Invalid {
+            key: key.to_string(),
+            related: related(key).iter().map(|k| k.to_string()).collect(),
+            message,
+        })?;
         let mut probe = self.model.clone();
         if self.origin.vocab != VocabSource::Given {
             probe.set_vocab_size(1); // not known before the data is
         }
-        probe.validate().map_err(|e| (format!("model.{}", e.field), e.message))
+        probe.validate().map_err(|e| Invalid {
+            key: format!("model.{}", e.field),
+            related: e.also.map(|k| format!("model.{k}")).into_iter().collect(),
+            message: e.message,
+        })
     }
 
     fn validate_fields(&self) -> Result<(), (&'static str, String)> {

@@ -10,6 +10,7 @@ use ember_data::{
 
 use crate::config::RunConfig;
 use crate::error::TrainError;
+use crate::step::eval::eval_batches;
 
 /// Training batches of one data-parallel rank, ahead of the model.
 pub struct Feed {
@@ -82,4 +83,18 @@ pub fn cut_note(view: &DataView, seq_len: usize) -> String {
 /// The validation rows (for [`crate::step::eval::evaluate`]).
 pub fn val_view(data: Arc<PreparedData>, config: &RunConfig) -> Result<DataView, TrainError> {
     Ok(DataView::new(data, Split::Val, config.model.block_size(), config.document_masking)?)
+}
+
+/// A note when `config.eval_batches` is more than the validation split `val` holds: each
+/// evaluation then runs the whole split once ([`crate::step::eval::eval_batches`]).
+pub fn val_note(val: &DataView, config: &RunConfig) -> Option<String> {
+    let used = eval_batches(config.eval_batches, val.len(), config.micro_batch_size);
+    (used < config.eval_batches).then(|| {
+        format!(
+            "note: eval_batches = {} but the val split has {} rows, {used} batches of {}: each evaluation uses all {used}",
+            config.eval_batches,
+            val.len(),
+            config.micro_batch_size
+        )
+    })
 }

@@ -273,6 +273,11 @@ impl Replicas<'_> {
                 };
                 let replica = self.replica(&model, first_rank, &devices[0])?;
                 log(&replica.feed.description);
+                if let Some(note) =
+                    leader.as_ref().and_then(|(_, val, _)| feed::val_note(val, self.plan.config))
+                {
+                    log(&note);
+                }
                 let leader =
                     leader.map(|(metrics, val, run_dir)| Leader { log: &mut *log, metrics, val, run_dir });
                 run_replica(self.plan, replica, model, leader)

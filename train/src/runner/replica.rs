@@ -351,7 +351,8 @@ impl Leader<'_> {
         let c = plan.config;
         let loss = ember_model::autocast(c.precision.mode(), || {
             evaluate(&model.valid(), &self.val, c.seed, c.eval_batches, c.micro_batch_size, device)
-        })?;
+        })?
+        .nats;
         let record = EvalRecord::new(step, loss, plan.elapsed(state));
         (self.log)(&record.to_string());
         self.metrics.write(&Record::Eval(record))?;

@@ -15,7 +15,7 @@ use crate::error::TrainError;
 use crate::observe::accounting::table_peak_flops;
 use crate::observe::device::gpu_model;
 use crate::runner::{train, RunOptions, RunSummary};
-use crate::step::eval::evaluate;
+use crate::step::eval::{evaluate, Evaluation};
 
 /// Trains (or resumes) on `options.config.backend`; `log` receives every line.
 pub fn train_run(options: RunOptions, log: &mut (dyn FnMut(&str) + Send)) -> Result<RunSummary, TrainError> {
@@ -44,7 +44,11 @@ pub struct EvalReport {
     pub train_loss: f64,
     /// Mean NLL on the validation split, nats/token.
     pub val_loss: f64,
-    /// Batches evaluated per split.
+    /// Batches evaluated on the training split: those asked for, at most the split's.
+    pub train_batches: usize,
+    /// Batches evaluated on the validation split: those asked for, at most the split's.
+    pub val_batches: usize,
+    /// Batches asked for per split.
     pub batches: usize,
     /// Optimizer step of the weights (0 for imported ones).
     pub step: u64,
@@ -53,7 +57,8 @@ pub struct EvalReport {
 }
 
 /// Evaluates `source`'s weights on `batches` batches of each split (default: the config's
-/// `eval_batches`), on its backend unless `backend` overrides it.
+/// `eval_batches`; a split smaller than that is evaluated whole, see
+/// [`crate::step::eval::eval_batches`]), on its backend unless `backend` overrides it.
 pub fn eval_run(
     source: Source,
     batches: Option<usize>,
@@ -70,7 +75,7 @@ pub fn eval_run(
             let model = self.trained.load_model::<B::InnerBackend>(&device)?;
             let config = &self.trained.config;
             let data = Arc::new(self.trained.data()?);
-            let loss = |split| -> Result<f64, TrainError> {
+            let loss = |split| -> Result<Evaluation, TrainError> {
                 let view =
                     DataView::new(data.clone(), split, config.model.block_size(), config.document_masking)?;
                 ember_model::autocast(config.precision.mode(), || {
@@ -78,9 +83,12 @@ pub fn eval_run(
                 })
             };
             let step = self.trained.step()?;
+            let (train, val) = (loss(Split::Train)?, loss(Split::Val)?);
             Ok(EvalReport {
-                train_loss: loss(Split::Train)?,
-                val_loss: loss(Split::Val)?,
+                train_loss: train.nats,
+                val_loss: val.nats,
+                train_batches: train.batches,
+                val_batches: val.batches,
                 batches: self.batches,
                 step,
                 precision: config.precision,

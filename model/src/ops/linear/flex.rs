@@ -6,6 +6,7 @@ use burn::backend::Flex;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn::tensor::{Bytes, DType, Shape};
 
+use super::transpose::transposed;
 use super::{one_after_the_other, FusedMatmul};
 
 /// Burn-flex's threshold for a multi-threaded gemm (m·n·k).
@@ -113,37 +114,6 @@ fn product(a: &Operand, b: &Operand, col_major: bool) -> FlexTensor {
     FlexTensor::new(Bytes::from_elems(out), layout, DType::F32)
 }
 
-/// `wᵀ` of a row-major `w` (`cs == 1`) as a new row-major `[w.cols, w.rows]` buffer, copied in
-/// parallel, 16 output rows per task.
-///
-/// For `dy·wᵀ` gemm would read `wᵀ` with strided columns, and it packs such an operand into its
-/// panel layout on the calling thread before the parallel part starts (`gemm-common` 0.19,
-/// `do_prepack_lhs`): ~1 ms of one busy core per weight. With `wᵀ` row-major it takes the same
-/// path as the forward `x·w`, whose packing is parallel. The products' values are unchanged:
-/// packing copies, and the sums run over k in the same order.
-pub(super) fn transposed(w: &Operand) -> Vec<f32> {
-    use rayon::prelude::*;
-    const TILE: usize = 16;
-    let (rows, cols) = (w.rows, w.cols);
-    let src = &w.data[w.offset..];
-    let rs = w.rs as usize;
-    let mut out: Vec<f32> = Vec::with_capacity(rows * cols);
-    out.spare_capacity_mut().par_chunks_mut(TILE * rows).enumerate().for_each(|(tile, dst)| {
-        let j0 = tile * TILE;
-        let width = dst.len() / rows;
-        for i in 0..rows {
-            let row = &src[i * rs + j0..i * rs + j0 + width];
-            for (jj, &value) in row.iter().enumerate() {
-                dst[jj * rows + i].write(value);
-            }
-        }
-    });
-    // SAFETY: the tasks cover every element once: tile t writes rows 16t..16t+width of the
-    // output, each at every column i < rows.
-    unsafe { out.set_len(rows * cols) };
-    out
-}
-
 /// True when `t`'s columns are contiguous (a transposed view, e.g. an embedding tied as the
 /// LM head): its gradient is written the same way.
 fn column_major(t: &FlexTensor) -> bool {
@@ -162,7 +132,13 @@ impl FusedMatmul for Flex {
     fn fused_matmul_dx(dy: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
         match (Operand::of(&dy), Operand::of(&w)) {
             (Some(a), Some(b)) if b.cs == 1 && a.rows * b.rows * b.cols >= PARALLEL => {
-                let wt = transposed(&b);
+                // For `dy·wᵀ` gemm would read `wᵀ` with strided columns, and it packs such an
+                // operand into its panel layout on the calling thread before the parallel part
+                // starts (`gemm-common` 0.19, `do_prepack_lhs`): ~1 ms of one busy core per
+                // weight. With `wᵀ` row-major it takes the same path as the forward `x·w`,
+                // whose packing is parallel. The values are unchanged: packing copies, and the
+                // sums run over k in the same order.
+                let wt = transposed(&b.data[b.offset..], b.rows, b.cols, b.rs as usize);
                 product(
                     &a,
                     &Operand { data: &wt, offset: 0, rs: b.rows as isize, cs: 1, rows: b.cols, cols: b.rows },

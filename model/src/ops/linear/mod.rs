@@ -4,6 +4,7 @@ mod autodiff;
 mod flex;
 #[cfg(test)]
 mod tests;
+mod transpose;
 
 use burn::nn::Linear;
 use burn::tensor::backend::Backend;

@@ -57,20 +57,32 @@ fn hand_computed() {
     assert_eq!(matmul(x, w).into_data().to_vec::<f32>().unwrap(), vec![0.0; 6]);
 }
 
-/// `dy·wᵀ` reads a row-major copy of `wᵀ` (built in parallel, 16 rows per task): it equals
-/// Burn's transpose exactly, for widths that leave a partial last task and for a strided view.
+/// `dy·wᵀ` reads a row-major copy of `wᵀ` (built in parallel, 16 rows per task, in 8 × 8
+/// register blocks with AVX2): both paths equal Burn's transpose exactly, for sizes that leave
+/// partial tasks and blocks, and for a strided view.
 #[test]
 fn transposed_copy_is_the_transpose() {
-    use super::flex::{transposed, Operand};
-    for (rows, cols) in [(203, 197), (16, 16), (1, 33), (40, 1)] {
-        let w = randn([rows, cols], 1.0, 20).inner();
-        let got = transposed(&Operand::of(&w.clone().into_primitive().tensor()).unwrap());
-        assert_eq!(got, w.transpose().into_data().to_vec::<f32>().unwrap(), "[{rows}, {cols}]");
+    use super::transpose::transposed_with;
+    let paths = if crate::ops::simd::wide_instructions().is_some() { vec![false, true] } else { vec![false] };
+    let check = |w: Tensor<burn::backend::Flex, 2>, what: &str| {
+        let t = w.clone().into_primitive().tensor();
+        let (layout, data) = (t.layout(), t.storage::<f32>());
+        let [rows, cols] = [layout.shape()[0], layout.shape()[1]];
+        let src = &data[layout.start_offset()..];
+        let want = w.transpose().into_data().to_vec::<f32>().unwrap();
+        for &blocks in &paths {
+            assert_eq!(
+                transposed_with(src, rows, cols, layout.strides()[0] as usize, blocks),
+                want,
+                "{what}, blocks {blocks}"
+            );
+        }
+    };
+    for (rows, cols) in [(203, 197), (16, 16), (1, 33), (40, 1), (24, 40), (64, 48), (9, 8), (8, 17)] {
+        check(randn([rows, cols], 1.0, 20).inner(), &format!("[{rows}, {cols}]"));
     }
-    // Columns 3..20 of a [30, 50] matrix: row stride 50, offset 3.
-    let w = randn([30, 50], 1.0, 21).inner().slice([0..30, 3..20]);
-    let got = transposed(&Operand::of(&w.clone().into_primitive().tensor()).unwrap());
-    assert_eq!(got, w.transpose().into_data().to_vec::<f32>().unwrap());
+    // Columns 3..35 of a [30, 50] matrix: row stride 50, offset 3.
+    check(randn([30, 50], 1.0, 21).inner().slice([0..30, 3..35]), "a strided view");
 }
 
 /// The products and both gradients are the same bits on any thread count (gemm's parts per
