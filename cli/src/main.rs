@@ -183,15 +183,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 anyhow::bail!("--batches 0: expected at least 1 batch per split");
             }
             let report = ember_train::tools::commands::eval_run(source.source(), batches, backend)?;
+            let batches = |n: usize| format!("{n} batch{}", if n == 1 { "" } else { "es" });
             let over = if report.train_batches == report.val_batches {
-                format!("{} batches each", report.val_batches)
+                format!("{} each", batches(report.val_batches))
             } else {
                 format!("{} train and {} val batches", report.train_batches, report.val_batches)
             };
             for (split, used) in [("train", report.train_batches), ("val", report.val_batches)] {
                 if used < report.batches {
                     err!(
-                        "note: the {split} split has {used} batches, fewer than the {} asked for: all of them were evaluated, each once",
+                        "note: the {split} split has {}, fewer than the {} asked for: all of them were evaluated, each once",
+                        batches(used),
                         report.batches
                     );
                 }

@@ -122,6 +122,36 @@ fn eval_and_sample_use_the_latest_checkpoint() {
     assert_eq!(ok(&greedy, w), ok(&greedy, w));
 }
 
+/// A validation split smaller than one micro-batch is an error naming the split, before any
+/// step; eval_batches above the split's batches is a note and the run goes on.
+#[test]
+fn a_val_split_smaller_than_a_batch_is_named() {
+    let dir = workdir();
+    let w = dir.path();
+    let err =
+        fails(&["train", "--config", "tiny.toml", "--run-dir", "big", "--set", "micro_batch_size=100"], w);
+    assert!(err.contains("the val split has ") && err.contains("fewer than one batch of 100"), "{err}");
+    assert!(!w.join("big/metrics.jsonl").exists() || train_losses(&w.join("big")).is_empty(), "no step ran");
+    let out = ok(
+        &[
+            "train",
+            "--config",
+            "tiny.toml",
+            "--run-dir",
+            "many",
+            "--set",
+            "max_steps=1",
+            "--set",
+            "eval_batches=1000",
+        ],
+        w,
+    );
+    assert!(
+        out.contains("note: the val split has ") && out.contains("fewer than eval_batches = 1000"),
+        "{out}"
+    );
+}
+
 #[test]
 fn config_errors_name_the_file_and_the_key() {
     let dir = workdir();

@@ -69,8 +69,9 @@ fn sft_data_trains_and_a_batch_with_nothing_to_score_is_an_error() {
     let out = ok(&["train", "--config", "run.toml", "--run-dir", "sft"], w);
     assert!(out.contains("step      3 | loss"), "{out}");
 
-    // Prompts longer than the 16-token context leave nothing to score.
-    let long: String = (0..8)
+    // Prompts longer than the 16-token context leave nothing to score (16 examples: the val
+    // half holds at least one batch of 4, which is checked before the first step).
+    let long: String = (0..16)
         .map(|i| {
             format!("{{\"prompt\": \"{}\", \"response\": \"ok\"}}\n", "a very long question ".repeat(2 + i))
         })

@@ -166,6 +166,16 @@ pub enum TrainError {
         /// Rows per batch.
         batch_size: usize,
     },
+    /// A split with fewer rows than one batch.
+    #[error("the {split} split has {rows} rows (packed windows or examples), fewer than one batch of {batch_size}: use a smaller micro_batch_size or model.block_size, or more data")]
+    SplitTooSmall {
+        /// "train" or "val".
+        split: &'static str,
+        /// Rows (windows or examples) in the split.
+        rows: usize,
+        /// Rows per batch.
+        batch_size: usize,
+    },
     /// The background batch builder failed.
     #[error("data feed: {0}")]
     Feed(String),

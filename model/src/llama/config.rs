@@ -77,7 +77,12 @@ impl LlamaConfig {
             return err_with(
                 "d_model",
                 "n_head",
-                format!("must be divisible by n_head ({}), got {}", self.n_head, self.d_model),
+                format!(
+                    "must be divisible by n_head ({}), got {} (remainder {})",
+                    self.n_head,
+                    self.d_model,
+                    self.d_model % self.n_head
+                ),
             );
         }
         if !self.n_head.is_multiple_of(self.n_kv_head) {

@@ -53,15 +53,15 @@ impl RunConfig {
                     _ => key_err(&key, message),
                 }
             })?;
-        if config.optimizer.lr_decay_steps.is_none() {
-            config.optimizer.lr_decay_steps = Some(config.max_steps);
-        }
         config.origin = Origin { vocab, ..origin.clone() };
         config.validate().map_err(|e| {
             let keys: Vec<&str> =
                 std::iter::once(e.key.as_str()).chain(e.related.iter().map(String::as_str)).collect();
             origin.at_any(&keys, e.message)
         })?;
+        if config.optimizer.lr_decay_steps.is_none() {
+            config.optimizer.lr_decay_steps = Some(config.max_steps);
+        }
         Ok(config)
     }
 }
@@ -71,7 +71,7 @@ fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError>
     let set_err = |message: &str| ConfigError::Set { arg: arg.into(), message: message.into() };
     let (key, raw) = arg.split_once('=').ok_or_else(|| set_err("expected key=value, e.g. max_steps=100"))?;
     let key = key.trim();
-    if key.is_empty() || key.split('.').any(str::is_empty) {
+    if key.is_empty() || key.split('.').map(str::trim).any(str::is_empty) {
         return Err(set_err("empty key; expected a dotted key such as optimizer.lr"));
     }
     // A TOML value if it parses as one (numbers, booleans, quoted strings, arrays), else a string.
@@ -80,7 +80,7 @@ fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError>
         .ok()
         .and_then(|mut t| t.remove("v"))
         .unwrap_or_else(|| toml::Value::String(raw.to_string()));
-    let mut parts: Vec<&str> = key.split('.').collect();
+    let mut parts: Vec<&str> = key.split('.').map(str::trim).collect();
     let last = parts.pop().expect("split yields at least one part");
     let mut node = table;
     for part in parts {
@@ -102,7 +102,9 @@ fn plain_serde_message(message: &str) -> String {
         return message.to_string();
     };
     let expected = match expected {
-        "usize" | "u64" | "u32" | "u16" | "u8" => "a non-negative integer",
+        "u16" => "an integer from 0 to 65535",
+        "u8" => "an integer from 0 to 255",
+        "usize" | "u64" | "u32" => "a non-negative integer",
         "isize" | "i64" | "i32" | "i16" | "i8" => "an integer",
         "f64" | "f32" => "a number",
         other => other,

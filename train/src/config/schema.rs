@@ -341,7 +341,8 @@ impl Origin {
     pub fn at_any(&self, keys: &[&str], message: impl Into<String>) -> ConfigError {
         let gives = |arg: &String, key: &str| {
             arg.split_once('=').is_some_and(|(k, _)| {
-                let k = k.trim();
+                // As `--set` reads it: the dotted parts trimmed (`model . n_head` is `model.n_head`).
+                let k = k.split('.').map(str::trim).collect::<Vec<_>>().join(".");
                 k == key || key.starts_with(&format!("{k}."))
             })
         };

@@ -102,6 +102,32 @@ fn a_set_breaking_a_check_between_two_keys_is_named() {
     let text = BASE.replace("[model]", "[model]\nd_model = 33");
     let err = load(&text, &["seed=3"]).unwrap_err().to_string();
     assert!(err.starts_with("run.toml: key `model.d_model`: must be divisible by n_head"), "{err}");
+    // A key that only counts in some cases is named only then: max_steps stands in for an
+    // unset lr_decay_steps, the coordinator's port for an unset data_port, lr for a min_lr
+    // above it (a negative min_lr is wrong whatever lr is).
+    let err = load(BASE, &["optimizer.warmup_steps=5", "max_steps=4"]).unwrap_err().to_string();
+    assert!(err.starts_with("--set max_steps=4: key `optimizer.lr_decay_steps`"), "{err}");
+    assert!(err.ends_with("got 4 (not given: it defaults to max_steps)"), "{err}");
+    let decay = BASE.replace("lr = 1e-3", "lr = 1e-3\nwarmup_steps = 5\nlr_decay_steps = 4");
+    let err = load(&decay, &["max_steps=500"]).unwrap_err().to_string();
+    assert!(
+        err.starts_with("run.toml: key `optimizer.lr_decay_steps`: must be ≥ warmup_steps (5), got 4"),
+        "{err}"
+    );
+    let negative = BASE.replace("lr = 1e-3", "lr = 1e-3\nmin_lr = -1e-4");
+    let err = load(&negative, &["optimizer.lr=5e-3"]).unwrap_err().to_string();
+    assert!(err.starts_with("run.toml: key `optimizer.min_lr`"), "{err}");
+    let ports = format!("{BASE}[parallel]\nnodes = 2\ndata_port = 65534\n");
+    let err = load(&ports, &["parallel.coordinator=\"127.0.0.1:29500\""]).unwrap_err().to_string();
+    assert!(err.starts_with("run.toml: key `parallel.data_port`"), "{err}");
+    let err = load(&ports, &["parallel.nodes=3"]).unwrap_err().to_string();
+    assert!(err.starts_with("--set parallel.nodes=3: key `parallel.data_port`"), "{err}");
+    // Spaces around the dots of a --set key: read as the key, and named.
+    let err = load(BASE, &["model . n_head=5"]).unwrap_err().to_string();
+    assert!(
+        err.starts_with("--set model . n_head=5: key `model.d_model`: must be divisible by n_head (5)"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -3,8 +3,8 @@
 
 use super::schema::{RunConfig, VocabSource};
 
-/// A value out of range: its dotted key, why, and the other keys of a check between several
-/// (so that a `--set` of any of them can be named as the error's source).
+/// A value out of range: its dotted key, why, and the other keys whose values made this
+/// check fail (so that a `--set` of any of them can be named as the error's source).
 #[derive(Debug)]
 pub(super) struct Invalid {
     pub key: String,
@@ -12,26 +12,29 @@ pub(super) struct Invalid {
     pub message: String,
 }
 
-/// The other keys of the checks in [`RunConfig::validate_fields`] that relate several keys
-/// (each of these keys has only that one check).
-fn related(key: &str) -> &'static [&'static str] {
-    match key {
-        "parallel.data_port" => &["parallel.nodes", "parallel.coordinator"],
-        "parallel.node_rank" => &["parallel.nodes"],
-        "optimizer.min_lr" => &["optimizer.lr"],
-        "optimizer.lr_decay_steps" => &["optimizer.warmup_steps", "max_steps"],
-        _ => &[],
+impl Invalid {
+    /// `key` alone is wrong.
+    fn new(key: &str, message: String) -> Self {
+        Self { key: key.to_string(), related: Vec::new(), message }
+    }
+
+    /// `key` is wrong given the values of `related`.
+    fn given(key: &str, related: &[&str], message: String) -> Self {
+        Self { key: key.to_string(), related: related.iter().map(|k| k.to_string()).collect(), message }
+    }
+}
+
+impl From<(&'static str, String)> for Invalid {
+    fn from((key, message): (&'static str, String)) -> Self {
+        Self::new(key, message)
     }
 }
 
 impl RunConfig {
-    /// The first key whose value is out of range, and why.
+    /// The first key whose value is out of range, and why. Call it before
+    /// `optimizer.lr_decay_steps` is given its default (`max_steps`), so its check can tell.
     pub(super) fn validate(&self) -> Result<(), Invalid> {
-        self.validate_fields().map_err(|(key, message)| Invalid {
-            key: key.to_string(),
-            related: related(key).iter().map(|k| k.to_string()).collect(),
-            message,
-        })?;
+        self.validate_fields()?;
         let mut probe = self.model.clone();
         if self.origin.vocab != VocabSource::Given {
             probe.set_vocab_size(1); // not known before the data is
@@ -43,10 +46,10 @@ impl RunConfig {
         })
     }
 
-    fn validate_fields(&self) -> Result<(), (&'static str, String)> {
+    fn validate_fields(&self) -> Result<(), Invalid> {
         let positive = |key, v: u64| {
             if v == 0 {
-                Err((key, "must be at least 1, got 0".to_string()))
+                Err(Invalid::new(key, "must be at least 1, got 0".to_string()))
             } else {
                 Ok(())
             }
@@ -62,8 +65,14 @@ impl RunConfig {
         positive("parallel.nodes", self.parallel.nodes as u64)?;
         positive("parallel.timeout_s", self.parallel.timeout_s)?;
         if let Some(last) = self.last_data_port().filter(|&p| p > u32::from(u16::MAX)) {
-            return Err((
+            // The coordinator's port counts only when data_port is not given.
+            let related: &[&str] = match self.parallel.data_port {
+                Some(_) => &["parallel.nodes"],
+                None => &["parallel.nodes", "parallel.coordinator"],
+            };
+            return Err(Invalid::given(
                 "parallel.data_port",
+                related,
                 format!(
                     "the data-service ports (parallel.data_port, default the coordinator's port + 2; two per node) would reach {last}: choose ports at most 65535 for all {} nodes",
                     self.parallel.nodes
@@ -71,8 +80,9 @@ impl RunConfig {
             ));
         }
         if self.parallel.node_rank >= self.parallel.nodes {
-            return Err((
+            return Err(Invalid::given(
                 "parallel.node_rank",
+                &["parallel.nodes"],
                 format!(
                     "must be below parallel.nodes ({}), got {}",
                     self.parallel.nodes, self.parallel.node_rank
@@ -80,14 +90,14 @@ impl RunConfig {
             ));
         }
         if let Some(Err(e)) = self.tokenizer.as_deref().map(str::parse::<ember_data::TokenizerKind>) {
-            return Err(("tokenizer", e.to_string()));
+            return Err(Invalid::new("tokenizer", e.to_string()));
         }
         let o = &self.optimizer;
         let finite_pos = |key, v: f64| {
             if v.is_finite() && v > 0.0 {
                 Ok(())
             } else {
-                Err((key, format!("must be a positive number, got {v}")))
+                Err(Invalid::new(key, format!("must be a positive number, got {v}")))
             }
         };
         if let Some(peak) = self.peak_flops {
@@ -96,26 +106,38 @@ impl RunConfig {
         finite_pos("optimizer.lr", o.lr)?;
         finite_pos("optimizer.eps", o.eps)?;
         if !(o.min_lr >= 0.0 && o.min_lr <= o.lr) {
-            return Err(("optimizer.min_lr", format!("must be in [0, lr = {}], got {}", o.lr, o.min_lr)));
+            // Above lr, lr counts too; below 0 (or NaN), min_lr alone is wrong.
+            let related: &[&str] = if o.min_lr > o.lr { &["optimizer.lr"] } else { &[] };
+            let message = format!("must be in [0, lr = {}], got {}", o.lr, o.min_lr);
+            return Err(Invalid::given("optimizer.min_lr", related, message));
         }
         for (key, beta) in [("optimizer.beta1", o.beta1), ("optimizer.beta2", o.beta2)] {
             if !(0.0..1.0).contains(&beta) {
-                return Err((key, format!("must be in [0, 1), got {beta}")));
+                return Err(Invalid::new(key, format!("must be in [0, 1), got {beta}")));
             }
         }
         for (key, v) in [("optimizer.weight_decay", o.weight_decay), ("optimizer.grad_clip", o.grad_clip)] {
             if !(v.is_finite() && v >= 0.0) {
-                return Err((key, format!("must be a number ≥ 0, got {v}")));
+                return Err(Invalid::new(key, format!("must be a number ≥ 0, got {v}")));
             }
         }
         let decay = o.lr_decay_steps.unwrap_or(self.max_steps);
         if decay < o.warmup_steps {
-            return Err((
-                "optimizer.lr_decay_steps",
-                format!("must be ≥ warmup_steps ({}), got {decay}", o.warmup_steps),
-            ));
+            let warmup = o.warmup_steps;
+            return Err(match o.lr_decay_steps {
+                Some(_) => Invalid::given(
+                    "optimizer.lr_decay_steps",
+                    &["optimizer.warmup_steps"],
+                    format!("must be ≥ warmup_steps ({warmup}), got {decay}"),
+                ),
+                None => Invalid::given(
+                    "optimizer.lr_decay_steps",
+                    &["optimizer.warmup_steps", "max_steps"],
+                    format!("must be ≥ warmup_steps ({warmup}), got {decay} (not given: it defaults to max_steps)"),
+                ),
+            });
         }
-        self.sentinel.validate()
+        Ok(self.sentinel.validate()?)
     }
 }
 

@@ -34,7 +34,11 @@ impl Feed {
     ) -> Result<Self, TrainError> {
         let seq_len = config.model.block_size();
         let train = DataView::new(data, Split::Train, seq_len, config.document_masking)?;
-        let sampler = EpochSampler::new(config.seed, train.len(), rank, world_size, config.micro_batch_size)?;
+        let batch_size = config.micro_batch_size;
+        if train.len() < batch_size {
+            return Err(TrainError::SplitTooSmall { split: "train", rows: train.len(), batch_size });
+        }
+        let sampler = EpochSampler::new(config.seed, train.len(), rank, world_size, batch_size)?;
         sampler.check_state(&state)?;
         let dropped = sampler.dropped();
         let description = format!(
@@ -85,16 +89,22 @@ pub fn val_view(data: Arc<PreparedData>, config: &RunConfig) -> Result<DataView,
     Ok(DataView::new(data, Split::Val, config.model.block_size(), config.document_masking)?)
 }
 
-/// A note when `config.eval_batches` is more than the validation split `val` holds: each
-/// evaluation then runs the whole split once ([`crate::step::eval::eval_batches`]).
-pub fn val_note(val: &DataView, config: &RunConfig) -> Option<String> {
-    let used = eval_batches(config.eval_batches, val.len(), config.micro_batch_size);
-    (used < config.eval_batches).then(|| {
+/// Checks that the validation split `val` holds one batch, and returns a note when
+/// `config.eval_batches` is more than it holds: each evaluation then runs the whole split once
+/// ([`crate::step::eval::eval_batches`]).
+///
+/// Errors: [`TrainError::SplitTooSmall`].
+pub fn val_note(val: &DataView, config: &RunConfig) -> Result<Option<String>, TrainError> {
+    let batch_size = config.micro_batch_size;
+    if val.len() < batch_size {
+        return Err(TrainError::SplitTooSmall { split: val.split().name(), rows: val.len(), batch_size });
+    }
+    let used = eval_batches(config.eval_batches, val.len(), batch_size);
+    Ok((used < config.eval_batches).then(|| {
         format!(
-            "note: eval_batches = {} but the val split has {} rows, {used} batches of {}: each evaluation uses all {used}",
+            "note: the val split has {used} batch{} of {batch_size}, fewer than eval_batches = {}: each evaluation uses all of them, each once",
+            if used == 1 { "" } else { "es" },
             config.eval_batches,
-            val.len(),
-            config.micro_batch_size
         )
-    })
+    }))
 }

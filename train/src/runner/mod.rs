@@ -264,18 +264,17 @@ impl Replicas<'_> {
                 })
                 .collect();
             let ours = (|| {
-                let leader = match leader {
+                let (leader, val_note) = match leader {
                     Some((metrics, run_dir)) => {
                         let val = feed::val_view(self.data.clone(), self.plan.config)?;
-                        Some((metrics, val, run_dir))
+                        let note = feed::val_note(&val, self.plan.config)?;
+                        (Some((metrics, val, run_dir)), note)
                     }
-                    None => None,
+                    None => (None, None),
                 };
                 let replica = self.replica(&model, first_rank, &devices[0])?;
                 log(&replica.feed.description);
-                if let Some(note) =
-                    leader.as_ref().and_then(|(_, val, _)| feed::val_note(val, self.plan.config))
-                {
+                if let Some(note) = val_note {
                     log(&note);
                 }
                 let leader =

@@ -30,7 +30,8 @@ pub fn eval_batches(wanted: usize, rows: usize, batch_size: usize) -> usize {
 /// no row is seen twice. Pass an inner-backend model (`AutodiffModule::valid`) so no graph is
 /// recorded and dropout is off.
 ///
-/// Errors: the split has fewer rows than `batch_size`, or no scored target.
+/// Errors: [`TrainError::SplitTooSmall`] when the split has fewer rows than `batch_size`;
+/// [`TrainError::NoEvalTokens`] when no target is scored.
 pub fn evaluate<B: Backend>(
     model: &LanguageModel<B>,
     view: &DataView,
@@ -39,6 +40,9 @@ pub fn evaluate<B: Backend>(
     batch_size: usize,
     device: &B::Device,
 ) -> Result<Evaluation, TrainError> {
+    if view.len() < batch_size {
+        return Err(TrainError::SplitTooSmall { split: view.split().name(), rows: view.len(), batch_size });
+    }
     let mut sampler = EpochSampler::new(seed, view.len(), 0, 1, batch_size)?;
     let batches = eval_batches(batches, view.len(), batch_size);
     let mut state = SamplerState::default();
