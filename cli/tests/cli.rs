@@ -150,6 +150,14 @@ fn a_val_split_smaller_than_a_batch_is_named() {
         out.contains("note: the val split has ") && out.contains("fewer than eval_batches = 1000"),
         "{out}"
     );
+    // A resume refused for it leaves the run directory as it was, and resumes after.
+    let read = |f: &str| std::fs::read(w.join("many").join(f)).unwrap();
+    let (config, metrics) = (read("config.toml"), read("metrics.jsonl"));
+    let err =
+        fails(&["train", "--resume", "many", "--set", "max_steps=2", "--set", "micro_batch_size=100"], w);
+    assert!(err.contains("the val split has "), "{err}");
+    assert_eq!((read("config.toml"), read("metrics.jsonl")), (config, metrics), "the run is untouched");
+    ok(&["train", "--resume", "many", "--set", "max_steps=2"], w);
 }
 
 #[test]

@@ -166,8 +166,12 @@ pub enum TrainError {
         /// Rows per batch.
         batch_size: usize,
     },
-    /// A split with fewer rows than one batch.
-    #[error("the {split} split has {rows} rows (packed windows or examples), fewer than one batch of {batch_size}: use a smaller micro_batch_size or model.block_size, or more data")]
+    /// A split with fewer rows than one batch (per rank, for the training split).
+    #[error(
+        "the {split} split has {rows} rows (packed windows or examples){}, fewer than one batch of {batch_size}: use a smaller micro_batch_size or model.block_size{}, or more data",
+        if *ranks > 1 { format!(", {} for each of {ranks} ranks", rows / ranks) } else { String::new() },
+        if *ranks > 1 { ", fewer ranks" } else { "" }
+    )]
     SplitTooSmall {
         /// "train" or "val".
         split: &'static str,
@@ -175,6 +179,8 @@ pub enum TrainError {
         rows: usize,
         /// Rows per batch.
         batch_size: usize,
+        /// Ranks sharing the split (1 for evaluation).
+        ranks: usize,
     },
     /// The background batch builder failed.
     #[error("data feed: {0}")]

@@ -34,11 +34,7 @@ impl Feed {
     ) -> Result<Self, TrainError> {
         let seq_len = config.model.block_size();
         let train = DataView::new(data, Split::Train, seq_len, config.document_masking)?;
-        let batch_size = config.micro_batch_size;
-        if train.len() < batch_size {
-            return Err(TrainError::SplitTooSmall { split: "train", rows: train.len(), batch_size });
-        }
-        let sampler = EpochSampler::new(config.seed, train.len(), rank, world_size, batch_size)?;
+        let sampler = EpochSampler::new(config.seed, train.len(), rank, world_size, config.micro_batch_size)?;
         sampler.check_state(&state)?;
         let dropped = sampler.dropped();
         let description = format!(
@@ -89,15 +85,22 @@ pub fn val_view(data: Arc<PreparedData>, config: &RunConfig) -> Result<DataView,
     Ok(DataView::new(data, Split::Val, config.model.block_size(), config.document_masking)?)
 }
 
-/// Checks that the validation split `val` holds one batch, and returns a note when
-/// `config.eval_batches` is more than it holds: each evaluation then runs the whole split once
+/// Checks that the training split holds a micro-batch for each of the run's ranks and the
+/// validation split one for evaluation, and returns a note when `config.eval_batches` is more
+/// than the validation split holds: each evaluation then runs the whole split once
 /// ([`crate::step::eval::eval_batches`]).
 ///
-/// Errors: [`TrainError::SplitTooSmall`].
-pub fn val_note(val: &DataView, config: &RunConfig) -> Result<Option<String>, TrainError> {
-    let batch_size = config.micro_batch_size;
+/// Errors: [`TrainError::SplitTooSmall`]; a split without a whole window.
+pub fn check_splits(data: &Arc<PreparedData>, config: &RunConfig) -> Result<Option<String>, TrainError> {
+    let (batch_size, ranks) = (config.micro_batch_size, config.world_size());
+    let train =
+        DataView::new(data.clone(), Split::Train, config.model.block_size(), config.document_masking)?;
+    if train.len() / ranks < batch_size {
+        return Err(TrainError::SplitTooSmall { split: "train", rows: train.len(), batch_size, ranks });
+    }
+    let val = val_view(data.clone(), config)?;
     if val.len() < batch_size {
-        return Err(TrainError::SplitTooSmall { split: val.split().name(), rows: val.len(), batch_size });
+        return Err(TrainError::SplitTooSmall { split: "val", rows: val.len(), batch_size, ranks: 1 });
     }
     let used = eval_batches(config.eval_batches, val.len(), batch_size);
     Ok((used < config.eval_batches).then(|| {

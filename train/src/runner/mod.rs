@@ -122,7 +122,7 @@ pub fn train<B: AutodiffBackend>(
     // before anything in the directory changes.
     let leads = config.parallel.node_rank == 0;
     let _lock = if leads { Some(lock::RunLock::acquire(&run_dir, log)?) } else { None };
-    let (data, setup::Start { model, state, resume_dir }) =
+    let (data, setup::Start { model, state, resume_dir, val_note }) =
         setup::start::<B>(&mut config, &run_dir, resume, leads, &devices[0], log)?;
     describe(&config, &data, &model, log);
     let plan = Plan {
@@ -140,7 +140,7 @@ pub fn train<B: AutodiffBackend>(
         log(&crate::parallel::describe(&config, local));
     }
     let coordinator = crate::parallel::start_coordinator(&config, coordinator_elsewhere)?;
-    let replicas = Replicas { plan: &plan, data: Arc::new(data), resume_dir, group, faults };
+    let replicas = Replicas { plan: &plan, data, resume_dir, group, faults, val_note };
     let leader = match leads {
         true => Some((MetricsLog::open(&run_dir.join(files::METRICS))?, run_dir.as_path())),
         false => None,
@@ -237,6 +237,8 @@ struct Replicas<'a> {
     /// Their link to the other ranks (`None` for a single rank).
     group: Option<Group>,
     faults: Faults,
+    /// The leader's note on `eval_batches` (see [`feed::check_splits`]), logged at the start.
+    val_note: Option<String>,
 }
 
 impl Replicas<'_> {
@@ -264,18 +266,17 @@ impl Replicas<'_> {
                 })
                 .collect();
             let ours = (|| {
-                let (leader, val_note) = match leader {
+                let leader = match leader {
                     Some((metrics, run_dir)) => {
                         let val = feed::val_view(self.data.clone(), self.plan.config)?;
-                        let note = feed::val_note(&val, self.plan.config)?;
-                        (Some((metrics, val, run_dir)), note)
+                        Some((metrics, val, run_dir))
                     }
-                    None => (None, None),
+                    None => None,
                 };
                 let replica = self.replica(&model, first_rank, &devices[0])?;
                 log(&replica.feed.description);
-                if let Some(note) = val_note {
-                    log(&note);
+                if let (Some(note), true) = (&self.val_note, leader.is_some()) {
+                    log(note);
                 }
                 let leader =
                     leader.map(|(metrics, val, run_dir)| Leader { log: &mut *log, metrics, val, run_dir });

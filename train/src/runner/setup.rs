@@ -4,6 +4,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use burn::tensor::backend::AutodiffBackend;
 use ember_data::{write_atomic, PrepareOptions, PreparedData, SamplerState, TokenizerKind};
@@ -23,6 +24,8 @@ pub(super) struct Start<B: AutodiffBackend> {
     pub state: TrainState,
     /// The checkpoint resumed from (its optimizer state is loaded per replica).
     pub resume_dir: Option<PathBuf>,
+    /// A note when `eval_batches` is more than the val split holds ([`super::feed::check_splits`]).
+    pub val_note: Option<String>,
 }
 
 /// One device per replica of `config`: `given`, or as many default devices.
@@ -57,7 +60,7 @@ pub(super) fn start<B: AutodiffBackend>(
     leads: bool,
     device: &B::Device,
     log: &mut dyn FnMut(&str),
-) -> Result<(PreparedData, Start<B>), TrainError> {
+) -> Result<(Arc<PreparedData>, Start<B>), TrainError> {
     if leads {
         fs::create_dir_all(run_dir).map_err(TrainError::io(run_dir))?;
         if !resume {
@@ -80,6 +83,10 @@ pub(super) fn start<B: AutodiffBackend>(
     }
     config.resolve_vocab(Some(data.meta.vocab_size))?;
     crate::observe::fits::check(config, log)?; // before the model is allocated
+                                               // Before anything in the run directory changes (a resume with a batch too large for the
+                                               // data must leave the run as it was).
+    let data = Arc::new(data);
+    let val_note = super::feed::check_splits(&data, config)?;
 
     // Every rank starts from the same weights: built from the same seed here and copied to
     // each local replica (other processes build them the same way); the first step compares
@@ -136,7 +143,7 @@ pub(super) fn start<B: AutodiffBackend>(
     if leads {
         write_run_files(config, &data, run_dir)?;
     }
-    Ok((data, Start { model, state, resume_dir }))
+    Ok((data, Start { model, state, resume_dir, val_note }))
 }
 
 /// Opens the run's prepared data: `config.data` is a prepared directory, or a text file that

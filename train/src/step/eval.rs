@@ -41,7 +41,12 @@ pub fn evaluate<B: Backend>(
     device: &B::Device,
 ) -> Result<Evaluation, TrainError> {
     if view.len() < batch_size {
-        return Err(TrainError::SplitTooSmall { split: view.split().name(), rows: view.len(), batch_size });
+        return Err(TrainError::SplitTooSmall {
+            split: view.split().name(),
+            rows: view.len(),
+            batch_size,
+            ranks: 1,
+        });
     }
     let mut sampler = EpochSampler::new(seed, view.len(), 0, 1, batch_size)?;
     let batches = eval_batches(batches, view.len(), batch_size);
