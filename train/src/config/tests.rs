@@ -130,6 +130,28 @@ fn a_set_breaking_a_check_between_two_keys_is_named() {
     );
 }
 
+/// Sizes beyond any machine are an error naming the largest size, not a wrapped sum and a
+/// panic later (2⁶² layers made the parameter count wrap and model init panic); a large but
+/// real run passes.
+#[test]
+fn sizes_beyond_any_machine_are_refused() {
+    let err = load(BASE, &["model.n_layer=4611686018427387904"]).unwrap_err().to_string();
+    assert!(
+        err.starts_with(
+            "--set model.n_layer=4611686018427387904: key `model.n_layer`: the run would need about"
+        ),
+        "{err}"
+    );
+    let err = load(BASE, &["micro_batch_size=9223372036854775807"]).unwrap_err().to_string();
+    assert!(err.contains("key `micro_batch_size`") && err.contains("far beyond any machine"), "{err}");
+    let huge = BASE.replace("n_layer = 3", "n_layer = 3\nvocab_size = 4611686018427387904");
+    let err = load(&huge, &["micro_batch_size=4"]).unwrap_err().to_string();
+    assert!(err.starts_with("run.toml: key `model.vocab_size`"), "{err}");
+    let big =
+        "max_steps = 1\nmicro_batch_size = 512\naccumulation_steps = 64\n[model]\npreset = \"gpt2-xl\"\n";
+    load(big, &["model.block_size=8192"]).unwrap();
+}
+
 #[test]
 fn malformed_set_and_toml_are_errors() {
     assert!(matches!(load(BASE, &["max_steps"]), Err(ConfigError::Set { .. })));

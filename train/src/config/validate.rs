@@ -1,7 +1,14 @@
 //! Checks of a run configuration that its types cannot express: positive counts, ranges of the
 //! optimizer's numbers, a rank below the node count, and the model's own checks.
 
+use ember_model::ModelConfig;
+
 use super::schema::{RunConfig, VocabSource};
+
+/// A run whose rough memory bound ([`RunConfig::check_magnitude`]) passes this many bytes
+/// (1 EiB) is refused: no machine holds it, and sums of such sizes would wrap around in the
+/// integer arithmetic of the memory accounting and of model construction.
+const MAX_BYTES: f64 = (1u64 << 60) as f64;
 
 /// A value out of range: its dotted key, why, and the other keys whose values made this
 /// check fail (so that a `--set` of any of them can be named as the error's source).
@@ -35,6 +42,7 @@ impl RunConfig {
     /// `optimizer.lr_decay_steps` is given its default (`max_steps`), so its check can tell.
     pub(super) fn validate(&self) -> Result<(), Invalid> {
         self.validate_fields()?;
+        self.check_magnitude()?;
         let mut probe = self.model.clone();
         if self.origin.vocab != VocabSource::Given {
             probe.set_vocab_size(1); // not known before the data is
@@ -142,6 +150,50 @@ impl RunConfig {
 }
 
 impl RunConfig {
+    /// Refuses sizes beyond any machine: a rough bound on the run's bytes — 16 per parameter,
+    /// and per token of a micro-batch, 40·d + 2·d_ff + 4·n_head·T values per layer and 8·V
+    /// for the logits, 4 bytes each — computed in f64, so nothing wraps, must stay under
+    /// [`MAX_BYTES`], as must the tokens of an optimizer step. The error names the largest of
+    /// the sizes (the likely typo) and its source.
+    fn check_magnitude(&self) -> Result<(), Invalid> {
+        let f = |x: usize| x as f64;
+        let (vocab, layers, heads, d, ff, block) = match &self.model {
+            ModelConfig::Gpt2(m) => {
+                (m.vocab_size, m.n_layer, m.n_head, m.d_model, 4.0 * f(m.d_model), m.block_size)
+            }
+            ModelConfig::Llama(m) => (m.vocab_size, m.n_layer, m.n_head, m.d_model, f(m.d_ff), m.block_size),
+        };
+        let (v, l, d_f, t) = (f(vocab), f(layers), f(d), f(block));
+        let params = (2.0 * v + t) * d_f + l * (12.0 * d_f * d_f + 3.0 * d_f * ff);
+        let tokens = f(self.micro_batch_size) * t;
+        let activations = tokens * (l * (40.0 * d_f + 2.0 * ff + 4.0 * f(heads) * t) + 8.0 * v) * 4.0;
+        let bytes = 16.0 * params + activations;
+        let ranks = f(self.devices.indices(self.device).len()) * f(self.parallel.nodes);
+        let step_tokens = tokens * f(self.accumulation_steps) * ranks;
+        if bytes < MAX_BYTES && step_tokens < MAX_BYTES {
+            return Ok(());
+        }
+        let mut sizes = [
+            ("model.vocab_size", vocab),
+            ("model.n_layer", layers),
+            ("model.n_head", heads),
+            ("model.d_model", d),
+            ("model.block_size", block),
+            ("micro_batch_size", self.micro_batch_size),
+            ("accumulation_steps", self.accumulation_steps),
+            ("parallel.nodes", self.parallel.nodes),
+        ];
+        if let ModelConfig::Llama(m) = &self.model {
+            sizes[2] = ("model.d_ff", m.d_ff.max(m.n_head));
+        }
+        sizes.sort_by_key(|&(_, value)| std::cmp::Reverse(value));
+        let message = format!(
+            "the run would need about {bytes:.1e} bytes ({step_tokens:.1e} tokens per step), far beyond any machine; {} = {} is the largest size",
+            sizes[0].0, sizes[0].1
+        );
+        Err(Invalid::new(sizes[0].0, message))
+    }
+
     /// The last data-service port of the last node when there are several: `data_port` (else
     /// the coordinator's port + 2) + 2 × (nodes − 1) + 1.
     fn last_data_port(&self) -> Option<u32> {
