@@ -31,3 +31,18 @@ pub(crate) fn require_positive(sizes: &[(&'static str, usize)]) -> Result<(), Co
         None => Ok(()),
     }
 }
+
+/// Errors (on `d_model`, also naming `n_head`) unless `n_head` divides `d_model`.
+pub(crate) fn require_heads_divide(d_model: usize, n_head: usize) -> Result<(), ConfigError> {
+    if d_model.is_multiple_of(n_head) {
+        return Ok(());
+    }
+    Err(ConfigError {
+        field: "d_model",
+        message: format!(
+            "must be divisible by n_head ({n_head}), got {d_model} (remainder {})",
+            d_model % n_head
+        ),
+        also: Some("n_head"),
+    })
+}

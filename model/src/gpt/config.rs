@@ -89,7 +89,6 @@ impl GptConfig {
     /// `layer_norm_eps` not positive.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let err = |field, message: String| Err(ConfigError { field, message, also: None });
-        let err_with = |field, also, message: String| Err(ConfigError { field, message, also: Some(also) });
         crate::error::require_positive(&[
             ("vocab_size", self.vocab_size),
             ("n_layer", self.n_layer),
@@ -97,18 +96,7 @@ impl GptConfig {
             ("d_model", self.d_model),
             ("block_size", self.block_size),
         ])?;
-        if !self.d_model.is_multiple_of(self.n_head) {
-            return err_with(
-                "d_model",
-                "n_head",
-                format!(
-                    "must be divisible by n_head ({}), got {} (remainder {})",
-                    self.n_head,
-                    self.d_model,
-                    self.d_model % self.n_head
-                ),
-            );
-        }
+        crate::error::require_heads_divide(self.d_model, self.n_head)?;
         if !(0.0..1.0).contains(&self.dropout) {
             return err("dropout", format!("must be in [0, 1), got {}", self.dropout));
         }

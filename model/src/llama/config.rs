@@ -73,18 +73,7 @@ impl LlamaConfig {
             ("d_ff", self.d_ff),
             ("block_size", self.block_size),
         ])?;
-        if !self.d_model.is_multiple_of(self.n_head) {
-            return err_with(
-                "d_model",
-                "n_head",
-                format!(
-                    "must be divisible by n_head ({}), got {} (remainder {})",
-                    self.n_head,
-                    self.d_model,
-                    self.d_model % self.n_head
-                ),
-            );
-        }
+        crate::error::require_heads_divide(self.d_model, self.n_head)?;
         if !self.n_head.is_multiple_of(self.n_kv_head) {
             return err_with(
                 "n_kv_head",

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use super::error::ConfigError;
 use super::model::resolve_model;
-use super::schema::{Origin, RunConfig, VocabSource};
+use super::schema::{set_key_parts, Origin, RunConfig, VocabSource};
 
 impl RunConfig {
     /// Reads `path`, applies `overrides` (`key=value`, dotted keys, TOML values; a value that
@@ -70,8 +70,8 @@ impl RunConfig {
 fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError> {
     let set_err = |message: &str| ConfigError::Set { arg: arg.into(), message: message.into() };
     let (key, raw) = arg.split_once('=').ok_or_else(|| set_err("expected key=value, e.g. max_steps=100"))?;
-    let key = key.trim();
-    if key.is_empty() || key.split('.').map(str::trim).any(str::is_empty) {
+    let mut parts = set_key_parts(key);
+    if parts.iter().any(|part| part.is_empty()) {
         return Err(set_err("empty key; expected a dotted key such as optimizer.lr"));
     }
     // A TOML value if it parses as one (numbers, booleans, quoted strings, arrays), else a string.
@@ -80,7 +80,6 @@ fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError>
         .ok()
         .and_then(|mut t| t.remove("v"))
         .unwrap_or_else(|| toml::Value::String(raw.to_string()));
-    let mut parts: Vec<&str> = key.split('.').map(str::trim).collect();
     let last = parts.pop().expect("split yields at least one part");
     let mut node = table;
     for part in parts {

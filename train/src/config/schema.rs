@@ -328,6 +328,12 @@ pub struct Origin {
     pub vocab: VocabSource,
 }
 
+/// The dotted parts of a `--set` key, each trimmed (`model . n_head` is `model.n_head`): how
+/// an override is applied and how an error finds the override that gave a key.
+pub(super) fn set_key_parts(key: &str) -> Vec<&str> {
+    key.split('.').map(str::trim).collect()
+}
+
 impl Origin {
     /// Key `key` is wrong, `message` says how: an error naming the last `--set` that gave the
     /// key (or a table above it), else the file.
@@ -341,8 +347,7 @@ impl Origin {
     pub fn at_any(&self, keys: &[&str], message: impl Into<String>) -> ConfigError {
         let gives = |arg: &String, key: &str| {
             arg.split_once('=').is_some_and(|(k, _)| {
-                // As `--set` reads it: the dotted parts trimmed (`model . n_head` is `model.n_head`).
-                let k = k.split('.').map(str::trim).collect::<Vec<_>>().join(".");
+                let k = set_key_parts(k).join(".");
                 k == key || key.starts_with(&format!("{k}."))
             })
         };

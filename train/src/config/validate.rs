@@ -173,7 +173,7 @@ impl RunConfig {
         if bytes < MAX_BYTES && step_tokens < MAX_BYTES {
             return Ok(());
         }
-        let mut sizes = [
+        let mut sizes = vec![
             ("model.vocab_size", vocab),
             ("model.n_layer", layers),
             ("model.n_head", heads),
@@ -184,7 +184,7 @@ impl RunConfig {
             ("parallel.nodes", self.parallel.nodes),
         ];
         if let ModelConfig::Llama(m) = &self.model {
-            sizes[2] = ("model.d_ff", m.d_ff.max(m.n_head));
+            sizes.push(("model.d_ff", m.d_ff));
         }
         sizes.sort_by_key(|&(_, value)| std::cmp::Reverse(value));
         let message = format!(

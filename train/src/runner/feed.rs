@@ -10,7 +10,7 @@ use ember_data::{
 
 use crate::config::RunConfig;
 use crate::error::TrainError;
-use crate::step::eval::eval_batches;
+use crate::step::eval::{eval_batches, require_batch};
 
 /// Training batches of one data-parallel rank, ahead of the model.
 pub struct Feed {
@@ -95,13 +95,9 @@ pub fn check_splits(data: &Arc<PreparedData>, config: &RunConfig) -> Result<Opti
     let (batch_size, ranks) = (config.micro_batch_size, config.world_size());
     let train =
         DataView::new(data.clone(), Split::Train, config.model.block_size(), config.document_masking)?;
-    if train.len() / ranks < batch_size {
-        return Err(TrainError::SplitTooSmall { split: "train", rows: train.len(), batch_size, ranks });
-    }
+    require_batch(&train, batch_size, ranks)?;
     let val = val_view(data.clone(), config)?;
-    if val.len() < batch_size {
-        return Err(TrainError::SplitTooSmall { split: "val", rows: val.len(), batch_size, ranks: 1 });
-    }
+    require_batch(&val, batch_size, 1)?;
     let used = eval_batches(config.eval_batches, val.len(), batch_size);
     Ok((used < config.eval_batches).then(|| {
         format!(

@@ -24,6 +24,15 @@ pub fn eval_batches(wanted: usize, rows: usize, batch_size: usize) -> usize {
     wanted.min(rows / batch_size.max(1))
 }
 
+/// Errors ([`TrainError::SplitTooSmall`]) unless `view` holds a batch of `batch_size` rows for
+/// each of `ranks` ranks.
+pub fn require_batch(view: &DataView, batch_size: usize, ranks: usize) -> Result<(), TrainError> {
+    if view.len() / ranks >= batch_size {
+        return Ok(());
+    }
+    Err(TrainError::SplitTooSmall { split: view.split().name(), rows: view.len(), batch_size, ranks })
+}
+
 /// Mean NLL in nats/token over [`eval_batches`] batches of `batch_size` rows of `view`: Σ NLL
 /// over all scored targets ÷ their number. The batches are the first of `seed`'s epoch-0
 /// order, so every evaluation of a run sees the same rows (curves compare like with like), and
@@ -40,14 +49,7 @@ pub fn evaluate<B: Backend>(
     batch_size: usize,
     device: &B::Device,
 ) -> Result<Evaluation, TrainError> {
-    if view.len() < batch_size {
-        return Err(TrainError::SplitTooSmall {
-            split: view.split().name(),
-            rows: view.len(),
-            batch_size,
-            ranks: 1,
-        });
-    }
+    require_batch(view, batch_size, 1)?;
     let mut sampler = EpochSampler::new(seed, view.len(), 0, 1, batch_size)?;
     let batches = eval_batches(batches, view.len(), batch_size);
     let mut state = SamplerState::default();
