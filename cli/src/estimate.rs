@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use ember_train::observe::accounting::{estimate_run, known_peak_flops, Estimate};
+use ember_train::observe::words::count;
 use ember_train::{CheckpointingKind, PrecisionKind, RunConfig};
 
 /// Arguments of `ember estimate`.
@@ -177,11 +178,11 @@ fn table(e: &Estimate, config: &RunConfig) -> String {
         (
             "tokens per step".into(),
             format!(
-                "{} (micro-batch {} × accumulation {} × {} ranks × {} tokens)",
+                "{} (micro-batch {} × accumulation {} × {} × {} tokens)",
                 e.tokens_per_step,
                 config.micro_batch_size,
                 config.accumulation_steps,
-                config.world_size(),
+                count(config.world_size(), "rank"),
                 config.model.block_size()
             ),
         ),

@@ -32,6 +32,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use ember_train::observe::words::count;
 use ember_train::tools::sample::SampleOptions;
 use ember_train::tools::trained::Source;
 use ember_train::BackendKind;
@@ -183,7 +184,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 anyhow::bail!("--batches 0: expected at least 1 batch per split");
             }
             let report = ember_train::tools::commands::eval_run(source.source(), batches, backend)?;
-            let batches = |n: usize| format!("{n} batch{}", if n == 1 { "" } else { "es" });
+            let batches = |n: usize| count(n, "batch");
             let over = if report.train_batches == report.val_batches {
                 format!("{} each", batches(report.val_batches))
             } else {

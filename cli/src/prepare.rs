@@ -8,6 +8,7 @@ use ember_data::{
     check_output_dir, download_tinyshakespeare, prepare, PrepareOptions, SftFields, TokenizerKind,
     DEFAULT_SHARD_TOKENS,
 };
+use ember_train::observe::words::count;
 
 /// Arguments of `ember prepare`.
 #[derive(Args)]
@@ -114,7 +115,7 @@ pub fn run(args: PrepareArgs) -> anyhow::Result<()> {
         (false, false) => "documents",
     };
     out!(
-        "prepared {}: {} {what}, {} tokens ({} train + {} val), vocabulary {} ({:?}), {} shard{}",
+        "prepared {}: {} {what}, {} tokens ({} train + {} val), vocabulary {} ({:?}), {}",
         summary.out.display(),
         m.documents,
         m.total_tokens,
@@ -122,14 +123,12 @@ pub fn run(args: PrepareArgs) -> anyhow::Result<()> {
         m.val_tokens,
         m.vocab_size,
         m.dtype,
-        m.shards.len(),
-        if m.shards.len() == 1 { "" } else { "s" }
+        count(m.shards.len(), "shard"),
     );
     out!(
-        "read {} bytes from {} file{} in {:.2} s: {:.2} MB/s, {:.0} tokens/s",
+        "read {} bytes from {} in {:.2} s: {:.2} MB/s, {:.0} tokens/s",
         summary.input_bytes,
-        m.sources.len(),
-        if m.sources.len() == 1 { "" } else { "s" },
+        count(m.sources.len(), "file"),
         summary.seconds,
         summary.mb_per_s(),
         summary.tokens_per_s()

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 use ember_data::{train_bpe, BpeTrainOptions, InputOptions};
+use ember_train::observe::words::count;
 
 /// Arguments of `ember tokenizer`.
 #[derive(Args)]
@@ -61,13 +62,12 @@ pub fn run(args: TokenizerArgs) -> anyhow::Result<()> {
         out: a.out,
     })?;
     out!(
-        "wrote {}: byte-level BPE, vocabulary {} (<|endoftext|> = {}), trained on {} bytes from {} file{}",
+        "wrote {}: byte-level BPE, vocabulary {} (<|endoftext|> = {}), trained on {} bytes from {}",
         summary.out.display(),
         summary.vocab_size,
         summary.eos_id,
         summary.input_bytes,
-        summary.sources.len(),
-        if summary.sources.len() == 1 { "" } else { "s" }
+        count(summary.sources.len(), "file"),
     );
     Ok(())
 }

@@ -55,16 +55,59 @@ impl TrainArgs {
     /// `--set` overrides followed by those of the data-parallel flags.
     fn overrides(&self) -> Vec<String> {
         let mut set = self.set.clone();
-        set.extend(self.devices.map(|n| format!("devices={n}")));
-        set.extend(self.nodes.map(|n| format!("parallel.nodes={n}")));
-        set.extend(self.node_rank.map(|r| format!("parallel.node_rank={r}")));
-        set.extend(self.coordinator.as_ref().map(|c| format!("parallel.coordinator=\"{c}\"")));
+        set.extend(self.flag_overrides().into_iter().map(|(set, _)| set));
         set
+    }
+
+    /// The data-parallel flags given, each as its override (`parallel.nodes=2`) and as the
+    /// user wrote it (`--nodes 2`).
+    fn flag_overrides(&self) -> Vec<(String, String)> {
+        let mut flags = Vec::new();
+        if let Some(n) = self.devices {
+            flags.push((format!("devices={n}"), format!("--devices {n}")));
+        }
+        if let Some(n) = self.nodes {
+            flags.push((format!("parallel.nodes={n}"), format!("--nodes {n}")));
+        }
+        if let Some(r) = self.node_rank {
+            flags.push((format!("parallel.node_rank={r}"), format!("--node-rank {r}")));
+        }
+        if let Some(c) = &self.coordinator {
+            flags.push((format!("parallel.coordinator=\"{c}\""), format!("--coordinator {c}")));
+        }
+        flags
     }
 }
 
 /// Runs `ember train`.
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
+    let flags = args.flag_overrides();
+    train(args).map_err(|error| named_as_given(error, &flags))
+}
+
+/// An error that names a data-parallel flag by its override (`--set parallel.nodes=2: key
+/// …`) names the flag as the user gave it (`--nodes 2: key …`); other errors are unchanged.
+fn named_as_given(error: anyhow::Error, flags: &[(String, String)]) -> anyhow::Error {
+    let text = crate::message(&error);
+    let mut renamed = text.clone();
+    for (set, flag) in flags {
+        // Only whole arguments: `--set devices=2` is not the start of `--set devices=20`.
+        for end in [":", " ", ";", ")"] {
+            renamed = renamed.replace(&format!("--set {set}{end}"), &format!("{flag}{end}"));
+        }
+        if let Some(head) = renamed.strip_suffix(&format!("--set {set}")) {
+            renamed = format!("{head}{flag}");
+        }
+    }
+    if renamed == text {
+        error
+    } else {
+        anyhow::anyhow!(renamed)
+    }
+}
+
+/// `ember train` itself.
+fn train(args: TrainArgs) -> anyhow::Result<()> {
     let overrides = args.overrides();
     for (flag, dir) in [("--resume", &args.resume), ("--run-dir", &args.run_dir)] {
         if let Some(dir) = dir {

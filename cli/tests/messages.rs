@@ -34,6 +34,29 @@ fn a_set_value_of_the_wrong_type_names_the_set_the_key_and_the_type() {
 }
 
 #[test]
+fn a_data_parallel_flag_is_named_as_given_not_as_its_override() {
+    let dir = workdir();
+    let w = dir.path();
+    let err = fails(&["train", "--config", "tiny.toml", "--nodes", "2", "--node-rank", "5"], w);
+    assert_eq!(
+        err.trim_end(),
+        "error: --node-rank 5: key `parallel.node_rank`: must be below parallel.nodes (2), got 5"
+    );
+    // A --set of the same key, one digit longer, keeps its own name.
+    let err = fails(&["train", "--config", "tiny.toml", "--set", "parallel.node_rank=50", "--nodes", "5"], w);
+    assert_eq!(
+        err.trim_end(),
+        "error: --nodes 5: key `parallel.node_rank`: must be below parallel.nodes (5), got 50"
+    );
+    let err = fails(
+        &["train", "--config", "tiny.toml", "--set", "parallel.nodes=5", "--set", "parallel.node_rank=50"],
+        w,
+    );
+    assert!(err.starts_with("error: --set parallel.node_rank=50: key"), "{err}");
+    assert!(!w.join("runs").exists(), "nothing written");
+}
+
+#[test]
 fn a_run_directory_that_is_a_file_says_so() {
     let dir = workdir();
     let w = dir.path();

@@ -79,8 +79,8 @@ pub enum TrainError {
     /// The model and batch need more memory than is available (`check_memory`).
     #[error("{config}: {message}")]
     WontFit {
-        /// The configuration file.
-        config: PathBuf,
+        /// The configuration: its file and overrides ([`crate::config::Origin::described`]).
+        config: String,
         /// Bytes the run needs, by `ember estimate`'s accounting.
         needed_bytes: u64,
         /// Bytes available.

@@ -128,7 +128,11 @@ fn resuming_with_another_model_is_an_error() {
     let config = RunConfig::load(&run_dir.join("config.toml"), &["model.n_layer=3".into()]).unwrap();
     let options = RunOptions::new(config, run_dir).resuming();
     let err = train::<B>(options, Default::default(), &mut |_| {}).unwrap_err().to_string();
-    assert!(err.contains("model cannot change"), "{err}");
+    assert!(
+        err.contains("model cannot change when resuming (")
+            && err.contains("config.toml with --set model.n_layer=3)"),
+        "names the override: {err}"
+    );
     assert!(err.ends_with("model.n_layer: checkpoint 2, config 3"), "the differing key, named: {err}");
 }
 

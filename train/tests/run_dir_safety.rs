@@ -190,6 +190,10 @@ fn a_model_too_large_for_the_memory_is_refused_before_it_is_allocated() {
     let TrainError::WontFit { needed_bytes, available_bytes, .. } = &err else { panic!("{err}") };
     assert!(*needed_bytes > 1_000_000_000_000 && needed_bytes > available_bytes, "{err}");
     let message = err.to_string();
+    assert!(
+        message.starts_with("tiny.toml with --set model.n_layer=48 --set model.n_head=96 --set model.d_model=12288 --set model.block_size=2048: "),
+        "names the file and the overrides that sized the run: {message}"
+    );
     let gb = |b: &u64| format!("{:.3} GB", *b as f64 / 1e9);
     for part in
         [gb(needed_bytes), gb(available_bytes), "model.n_layer".into(), "--set check_memory=false".into()]

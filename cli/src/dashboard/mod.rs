@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ember_train::observe::metrics::Record;
+use ember_train::observe::words::count;
 use ember_train::persist::files;
 use ember_train::Controls;
 use ember_train::RunConfig;
@@ -88,12 +89,12 @@ pub fn for_run(run_dir: &Path, config: Option<&RunConfig>) -> Dashboard {
         .then(|| ember_train::observe::accounting::estimate_run(&c, c.peak_flops, 0.4));
     let params = estimate.as_ref().map_or(String::new(), |e| format!(" · {} params", e.params));
     let summary = format!(
-        "{}{params} · {} tokens/step ({} × {} × {} ranks × {}) · lr {:.1e} · {:?}",
+        "{}{params} · {} tokens/step ({} × {} × {} × {}) · lr {:.1e} · {:?}",
         c.model.arch(),
         c.tokens_per_step(world),
         c.micro_batch_size,
         c.accumulation_steps,
-        world,
+        count(world, "rank"),
         c.model.block_size(),
         c.optimizer.lr,
         c.backend

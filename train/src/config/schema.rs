@@ -355,6 +355,18 @@ impl Origin {
         let source: PathBuf = set.map_or_else(|| self.path.clone(), |arg| format!("--set {arg}").into());
         ConfigError::at(source, keys[0], message)
     }
+
+    /// The configuration as given, for a check of the whole of it (memory, the model on
+    /// resume): the file, then each override (`config.toml with --set a=1 --set b=2`).
+    pub fn described(&self) -> String {
+        let sets: String = self.overrides.iter().map(|arg| format!(" --set {arg}")).collect();
+        let path = self.path.display();
+        if sets.is_empty() {
+            path.to_string()
+        } else {
+            format!("{path} with{sets}")
+        }
+    }
 }
 
 /// Where `model.vocab_size` comes from.

@@ -103,7 +103,7 @@ pub fn check_against(config: &RunConfig, available: &Available) -> Result<(), Tr
         },
     );
     Err(TrainError::WontFit {
-        config: config.origin.path.clone(),
+        config: config.origin.described(),
         needed_bytes: needed,
         available_bytes: available.bytes,
         message,

@@ -6,7 +6,8 @@
 //! - [`events`]: the stability sentinel's event records;
 //! - [`fits`]: whether a run fits in memory, checked before its model is allocated;
 //! - [`device`]: device-pool memory on CUDA, process RSS, the GPU's name;
-//! - [`shards`]: how ZeRO-1 splits the parameters over ranks.
+//! - [`shards`]: how ZeRO-1 splits the parameters over ranks;
+//! - [`words`]: counts in words (`1 rank`, `2 ranks`).
 //!
 //! May use: [`crate::config`], [`crate::error`]. Nothing that trains.
 
@@ -16,3 +17,4 @@ pub mod events;
 pub mod fits;
 pub mod metrics;
 pub mod shards;
+pub mod words;

@@ -10,6 +10,7 @@ use ember_data::{
 
 use crate::config::RunConfig;
 use crate::error::TrainError;
+use crate::observe::words::count;
 use crate::step::eval::{eval_batches, require_batch};
 
 /// Training batches of one data-parallel rank, ahead of the model.
@@ -38,13 +39,13 @@ impl Feed {
         sampler.check_state(&state)?;
         let dropped = sampler.dropped();
         let description = format!(
-            "train: {} rows of {} tokens, {} micro-batches per epoch and rank (each epoch drops {} rows: {} to split evenly across {} ranks, {} of a partial batch){}",
-            train.len(),
+            "train: {} of {} tokens, {} per epoch and rank (each epoch drops {}: {} to split evenly across {}, {} of a partial batch){}",
+            count(train.len(), "row"),
             seq_len,
-            sampler.batches_per_epoch(),
-            dropped.rank_remainder + dropped.partial_batch,
+            count(sampler.batches_per_epoch(), "micro-batch"),
+            count(dropped.rank_remainder + dropped.partial_batch, "row"),
             dropped.rank_remainder,
-            world_size,
+            count(world_size, "rank"),
             dropped.partial_batch,
             if config.document_masking { "; document masking on" } else { "" },
         ) + &cut_note(&train, seq_len);
@@ -101,8 +102,8 @@ pub fn check_splits(data: &Arc<PreparedData>, config: &RunConfig) -> Result<Opti
     let used = eval_batches(config.eval_batches, val.len(), batch_size);
     Ok((used < config.eval_batches).then(|| {
         format!(
-            "note: the val split has {used} batch{} of {batch_size}, fewer than eval_batches = {}: each evaluation uses all of them, each once",
-            if used == 1 { "" } else { "es" },
+            "note: the val split has {} of {batch_size}, fewer than eval_batches = {}: each evaluation uses all of them, each once",
+            count(used, "batch"),
             config.eval_batches,
         )
     }))

@@ -29,6 +29,7 @@ use ember_model::LanguageModel;
 use crate::config::RunConfig;
 use crate::error::TrainError;
 use crate::observe::metrics::MetricsLog;
+use crate::observe::words::count;
 use crate::parallel::{FaultInjector, Faults, Group};
 use crate::persist::{checkpoint, files};
 use crate::step::optim::AdamWGroups;
@@ -209,14 +210,13 @@ fn describe<B: AutodiffBackend>(
         ));
     }
     log(&format!(
-        "global batch: {} sequences × {} tokens = {} tokens per optimizer step (micro-batch {} × {} accumulation steps × {} rank{})",
-        config.sequences_per_step(world_size),
+        "global batch: {} × {} tokens = {} tokens per optimizer step (micro-batch {} × {} × {})",
+        count(config.sequences_per_step(world_size), "sequence"),
         config.model.block_size(),
         config.tokens_per_step(world_size),
         config.micro_batch_size,
-        config.accumulation_steps,
-        world_size,
-        if world_size == 1 { "" } else { "s" }
+        count(config.accumulation_steps, "accumulation step"),
+        count(world_size, "rank"),
     ));
 }
 

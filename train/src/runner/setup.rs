@@ -13,6 +13,7 @@ use ember_model::LanguageModel;
 use crate::config::{ConfigError, RunConfig};
 use crate::error::TrainError;
 use crate::observe::metrics;
+use crate::observe::words::count;
 use crate::persist::checkpoint::{self, TrainState, CHECKPOINT_VERSION};
 use crate::persist::files;
 
@@ -127,8 +128,8 @@ pub(super) fn start<B: AutodiffBackend>(
         if state.world_size != world_size {
             // The epoch's remaining batches were cut for another rank count.
             log(&format!(
-                "the checkpoint was written by {} ranks, this run has {world_size}: the data continues at the start of epoch {}",
-                state.world_size,
+                "the checkpoint was written by {}, this run has {world_size}: the data continues at the start of epoch {}",
+                count(state.world_size, "rank"),
                 state.sampler.epoch + 1
             ));
             state.sampler = SamplerState { epoch: state.sampler.epoch + 1, cursor: 0 };
@@ -275,7 +276,7 @@ fn check_resumable(
     if saved.model != config.model {
         return mismatch(format!(
             "the model cannot change when resuming ({}): {}",
-            config.origin.path.display(),
+            config.origin.described(),
             model_differences(&saved.model, &config.model)
         ));
     }

@@ -14,6 +14,7 @@ use crate::config::{BackendKind, RunConfig};
 use crate::error::TrainError;
 use crate::observe::accounting::table_peak_flops;
 use crate::observe::device::gpu_model;
+use crate::observe::words::count;
 use crate::runner::{train, RunOptions, RunSummary};
 use crate::step::eval::{evaluate, Evaluation};
 
@@ -186,7 +187,7 @@ pub const CUDA_MATMUL_SIZE: usize = 8192;
 /// and the fused kernels run on (`RAYON_NUM_THREADS`, where 0 or garbage means one per core —
 /// rayon's rule, so the pool is asked rather than the variable parsed).
 fn cpu_device(threads: usize) -> String {
-    format!("cpu (burn-flex, {threads} thread{})", if threads == 1 { "" } else { "s" })
+    format!("cpu (burn-flex, {})", count(threads, "thread"))
 }
 
 #[cfg(test)]

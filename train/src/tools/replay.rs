@@ -18,6 +18,7 @@ use super::backend::{run_on, BackendTask};
 use super::trained::{Source, Trained};
 use crate::config::{BackendKind, RunConfig};
 use crate::error::TrainError;
+use crate::observe::words::count;
 use crate::persist::checkpoint::{self, TrainState, CHECKPOINT_VERSION};
 use crate::persist::recover;
 use crate::runner::feed::Feed;
@@ -156,10 +157,10 @@ fn replay<B: AutodiffBackend>(
     let mut scaler = LossScaler::for_run(config.precision, state.loss_scaler.as_ref());
     let schedule = LrSchedule::from_config(&config.optimizer, config.max_steps);
     log(&format!(
-        "replaying from {} (step {}) to step {target} ({world_size} rank{})",
+        "replaying from {} (step {}) to step {target} ({})",
         start.as_ref().map_or("the start".into(), |dir| dir.display().to_string()),
         state.step,
-        if world_size == 1 { "" } else { "s" }
+        count(world_size, "rank"),
     ));
     for step in state.step + 1..target {
         let mut ranks = Vec::with_capacity(world_size);
@@ -361,13 +362,12 @@ impl fmt::Display for ReplayReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "step {} of {} (replayed from {}, step {}; {} rank{}; f32)",
+            "step {} of {} (replayed from {}, step {}; {}; f32)",
             self.step,
             self.run_dir.display(),
             self.checkpoint.as_ref().map_or("the start".into(), |dir| dir.display().to_string()),
             self.from_step,
-            self.world_size,
-            if self.world_size == 1 { "" } else { "s" }
+            count(self.world_size, "rank"),
         )?;
         let j = &self.judgement;
         write!(
