@@ -197,8 +197,10 @@ fn table(e: &Estimate, config: &RunConfig) -> String {
         (
             "Chinchilla budget".into(),
             format!(
-                "{} tokens (20 per parameter) = {} steps; this config runs {}",
-                e.chinchilla_tokens, e.chinchilla_steps, config.max_steps
+                "{} tokens (20 per parameter) = {}; this config runs {}",
+                e.chinchilla_tokens,
+                count(e.chinchilla_steps, "step"),
+                config.max_steps
             ),
         ),
     ];

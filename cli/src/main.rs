@@ -251,7 +251,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let address = if bind.contains(':') { bind.clone() } else { format!("0.0.0.0:{bind}") };
             let port = address
                 .parse::<ember_train::config::HostPort>()
-                .map_err(|_| anyhow::anyhow!("--bind {bind:?}: expected [HOST:]PORT (PORT below 65534)"))?
+                .map_err(|_| anyhow::anyhow!("--bind {bind:?}: expected [HOST:]PORT (PORT from 1 to 65533)"))?
                 .port;
             out!(
                 "coordinator: burn-collective orchestrators on 0.0.0.0:{port} and 0.0.0.0:{} (all interfaces, no authentication: private networks only); Ctrl-C stops",

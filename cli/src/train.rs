@@ -123,6 +123,12 @@ fn train(args: TrainArgs) -> anyhow::Result<()> {
             (config, run_dir, false)
         }
         (None, Some(run_dir)) => {
+            if !run_dir.exists() {
+                bail!(
+                    "--resume {}: no such directory: expected the --run-dir of an earlier `ember train`",
+                    run_dir.display()
+                );
+            }
             if !run_dir.join(files::CONFIG).is_file() {
                 bail!(
                     "--resume {}: not a run directory (it has no {}): expected the --run-dir of an earlier `ember train`",

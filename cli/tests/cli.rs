@@ -184,20 +184,21 @@ fn bad_addresses_and_vocabularies_say_what_was_expected() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "a usage error: {stderr}");
     assert!(
-        stderr
-            .contains("'--coordinator <HOST:PORT>': expected HOST:PORT (PORT below 65534), got \"10.0.0.1\""),
+        stderr.contains(
+            "'--coordinator <HOST:PORT>': expected HOST:PORT (PORT from 1 to 65533), got \"10.0.0.1\""
+        ),
         "{stderr}"
     );
     std::fs::write(w.join("net.toml"), format!("{CONFIG}[parallel]\ncoordinator = \"head-node\"\n")).unwrap();
     let err = fails(&["train", "--config", "net.toml"], w);
     assert!(
         err.contains(
-            "net.toml: key `parallel.coordinator`: expected HOST:PORT (PORT below 65534), got \"head-node\""
+            "net.toml: key `parallel.coordinator`: expected HOST:PORT (PORT from 1 to 65533), got \"head-node\""
         ),
         "{err}"
     );
     let err = fails(&["coordinator", "--bind", "65535"], w);
-    assert!(err.contains("--bind \"65535\": expected [HOST:]PORT (PORT below 65534)"), "{err}");
+    assert!(err.contains("--bind \"65535\": expected [HOST:]PORT (PORT from 1 to 65533)"), "{err}");
     let err = fails(&["train", "--config", "tiny.toml", "--set", "model.vocab_size=5"], w);
     assert!(
         err.contains("--set model.vocab_size=5: key `model.vocab_size`: 5 is smaller than the prepared data's vocabulary ("),

@@ -26,6 +26,11 @@ fn a_set_value_of_the_wrong_type_names_the_set_the_key_and_the_type() {
             "optimizer.lr=fast",
             "--set optimizer.lr=fast: key `optimizer.lr`: expected a number, found \"fast\"",
         ),
+        // A key below the one the error names (an unknown table, a number given a table).
+        (
+            "model.n_layer.x=1",
+            "--set model.n_layer.x=1: key `model.n_layer`: expected a non-negative integer, found map",
+        ),
     ];
     for (set, message) in cases {
         let err = fails(&["train", "--config", "tiny.toml", "--set", set], w);
@@ -42,17 +47,71 @@ fn a_data_parallel_flag_is_named_as_given_not_as_its_override() {
         err.trim_end(),
         "error: --node-rank 5: key `parallel.node_rank`: must be below parallel.nodes (2), got 5"
     );
-    // A --set of the same key, one digit longer, keeps its own name.
+    // The wrong key's own --set is named before the flag of the key it is checked against.
     let err = fails(&["train", "--config", "tiny.toml", "--set", "parallel.node_rank=50", "--nodes", "5"], w);
     assert_eq!(
         err.trim_end(),
-        "error: --nodes 5: key `parallel.node_rank`: must be below parallel.nodes (5), got 50"
+        "error: --set parallel.node_rank=50: key `parallel.node_rank`: must be below parallel.nodes (5), got 50"
+    );
+    // A --set of the same key as a flag, one digit longer, keeps its own name.
+    let big = ["--set", "model.d_model=1000000", "--set", "model.n_head=1"];
+    let err = fails(
+        &[&["train", "--config", "tiny.toml", "--set", "devices=20", "--devices", "2"][..], &big].concat(),
+        w,
+    );
+    assert!(
+        err.starts_with("error: tiny.toml with --set devices=20 --set model.d_model=1000000 --set model.n_head=1 --devices 2: the run needs"),
+        "{err}"
+    );
+    let err = fails(
+        &[
+            "train",
+            "--config",
+            "tiny.toml",
+            "--nodes",
+            "2",
+            "--set",
+            "parallel.node_rank=20",
+            "--node-rank",
+            "2",
+        ],
+        w,
+    );
+    assert_eq!(
+        err.trim_end(),
+        "error: --node-rank 2: key `parallel.node_rank`: must be below parallel.nodes (2), got 2"
     );
     let err = fails(
         &["train", "--config", "tiny.toml", "--set", "parallel.nodes=5", "--set", "parallel.node_rank=50"],
         w,
     );
     assert!(err.starts_with("error: --set parallel.node_rank=50: key"), "{err}");
+    assert!(!w.join("runs").exists(), "nothing written");
+}
+
+#[test]
+fn sizes_beyond_the_machine_are_refused_by_every_command_before_allocating() {
+    let dir = workdir();
+    let w = dir.path();
+    let devices = "devices=4611686018427387904";
+    for command in ["estimate", "bench", "train"] {
+        let err = fails(&[command, "--config", "tiny.toml", "--set", devices], w);
+        assert_eq!(
+            err.trim_end(),
+            format!("error: --set {devices}: key `devices`: 4611686018427387904 replicas in one process: at most 4096 (one per device of a machine; more machines: parallel.nodes)")
+        );
+    }
+    let err = fails(&["train", "--config", "tiny.toml", "--devices", "5000"], w);
+    assert!(err.starts_with("error: --devices 5000: key `devices`: 5000 replicas"), "{err}");
+    // 12 TB of weights: ember bench checks the memory as training does.
+    let wide = ["--set", "model.d_model=1000000", "--set", "model.n_head=1"];
+    let err = fails(&[&["bench", "--config", "tiny.toml", "--steps", "1"][..], &wide].concat(), w);
+    assert!(
+        err.starts_with(
+            "error: tiny.toml with --set model.d_model=1000000 --set model.n_head=1: the run needs about"
+        ),
+        "{err}"
+    );
     assert!(!w.join("runs").exists(), "nothing written");
 }
 
@@ -70,7 +129,13 @@ fn a_run_directory_that_is_a_file_says_so() {
     let err = fails(&["train", "--resume", "nowhere"], w);
     assert_eq!(
         err.trim_end(),
-        "error: --resume nowhere: not a run directory (it has no config.toml): expected the --run-dir of an earlier `ember train`"
+        "error: --resume nowhere: no such directory: expected the --run-dir of an earlier `ember train`"
+    );
+    std::fs::create_dir(w.join("empty")).unwrap();
+    let err = fails(&["train", "--resume", "empty"], w);
+    assert_eq!(
+        err.trim_end(),
+        "error: --resume empty: not a run directory (it has no config.toml): expected the --run-dir of an earlier `ember train`"
     );
     std::fs::create_dir(w.join("runs")).unwrap();
     std::fs::write(w.join("runs/tiny"), "mine").unwrap();

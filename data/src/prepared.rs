@@ -56,7 +56,8 @@ impl IndexFile {
             return Err(DataError::InconsistentMeta {
                 path: path.into(),
                 reason: format!(
-                    "{bytes} bytes, but meta.json records {count} documents ({} bytes); run `ember prepare` again",
+                    "{bytes} bytes, but meta.json records {count} document{} ({} bytes); run `ember prepare` again",
+                    if count == 1 { "" } else { "s" },
                     count * width as u64
                 ),
             });

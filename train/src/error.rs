@@ -56,6 +56,18 @@ pub enum TrainError {
         /// What was found there.
         found: String,
     },
+    /// The run directory holds files a new run would write (`config.toml`, `metrics.jsonl`,
+    /// …) that no earlier Ember run wrote there, such as the user's own config.
+    #[error(
+        "{path} holds {files}, which no earlier Ember run wrote there and a new run would overwrite: choose another --run-dir, or move {} away",
+        if files.contains(", ") { "them" } else { "it" }
+    )]
+    RunDirForeign {
+        /// The run directory.
+        path: PathBuf,
+        /// The files found, comma-separated.
+        files: String,
+    },
     /// Another training holds the run directory's lock.
     #[error("{run_dir} is in use by another training: {holder} holds {lock}; two trainings in one run directory would overwrite each other's files: wait for it to end, stop it, or choose another --run-dir")]
     RunDirLocked {
@@ -168,7 +180,8 @@ pub enum TrainError {
     },
     /// A split with fewer rows than one batch (per rank, for the training split).
     #[error(
-        "the {split} split has {rows} rows (packed windows or examples){}, fewer than one batch of {batch_size}: use a smaller micro_batch_size or model.block_size{}, or more data",
+        "the {split} split has {} (packed windows or examples){}, fewer than one batch of {batch_size}: use a smaller micro_batch_size or model.block_size{}, or more data",
+        crate::observe::words::count(*rows, "row"),
         if *ranks > 1 { format!(", {} for each of {ranks} ranks", rows / ranks) } else { String::new() },
         if *ranks > 1 { ", fewer ranks" } else { "" }
     )]

@@ -119,6 +119,20 @@ fn a_new_run_refuses_a_directory_that_holds_one() {
 }
 
 #[test]
+fn resuming_with_another_seed_names_the_override() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let data = prepared_corpus(dir.path());
+    let run_dir = dir.path().join("run");
+    fresh(tiny_config(&data, &["max_steps=1", "seed=7"]), &run_dir);
+    let config =
+        RunConfig::load(&run_dir.join("config.toml"), &["seed=8".into(), "max_steps=2".into()]).unwrap();
+    let options = RunOptions::new(config, run_dir).resuming();
+    let err = train::<B>(options, Default::default(), &mut |_| {}).unwrap_err().to_string();
+    assert!(err.starts_with("--set seed=8: key `seed`: 8 differs from the checkpoint's 7 ("), "{err}");
+}
+
+#[test]
 fn resuming_with_another_model_is_an_error() {
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();

@@ -200,7 +200,7 @@ fn a_model_too_large_for_the_memory_is_refused_before_it_is_allocated() {
     {
         assert!(message.contains(&part), "{part} in {message}");
     }
-    assert!(!dir.path().join("run").join("config.toml").exists(), "nothing written for a refused run");
+    assert!(!dir.path().join("run").exists(), "nothing written for a refused run, not even its directory");
 }
 
 #[test]
@@ -265,4 +265,41 @@ fn a_text_file_given_again_is_checked_against_the_run_dirs_prepared_copy() {
     assert!(err.contains("a.txt is not the text") && err.contains("resume without --data"), "{err}");
     // The same text again is fine.
     run(RunOptions::new(config(&b, "max_steps=3"), &run_dir).resuming()).unwrap();
+}
+
+#[test]
+fn a_new_run_replaces_only_the_files_of_an_earlier_run_without_a_checkpoint() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let data = prepared_corpus(dir.path());
+    // An earlier run that stopped before its first checkpoint: its files are replaced.
+    let run_dir = dir.path().join("run");
+    run(RunOptions::new(tiny_config(&data, &["max_steps=1"]), &run_dir)).unwrap();
+    std::fs::remove_dir_all(run_dir.join("checkpoints")).unwrap();
+    let lines = run(RunOptions::new(tiny_config(&data, &["max_steps=1"]), &run_dir)).unwrap();
+    assert!(
+        lines.iter().any(|l| l.contains("stopped before its first checkpoint: starting over")),
+        "{lines:?}"
+    );
+
+    // The user's own config in the run directory, passed as --config RUN_DIR/config.toml.
+    let mine = dir.path().join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    let text = format!(
+        "# my experiment\ndata = {data:?}\nmax_steps = 1\nmicro_batch_size = 4\n[model]\npreset = \"tiny\"\n"
+    );
+    std::fs::write(mine.join("config.toml"), &text).unwrap();
+    let config = RunConfig::load(&mine.join("config.toml"), &[]).unwrap();
+    let err = run(RunOptions::new(config, &mine)).unwrap_err();
+    assert!(matches!(err, TrainError::RunDirForeign { .. }), "{err}");
+    assert!(err.to_string().contains("holds config.toml, which no earlier Ember run wrote there"), "{err}");
+    assert_eq!(std::fs::read_to_string(mine.join("config.toml")).unwrap(), text, "the user's config is kept");
+
+    // A metrics.jsonl of the user's, without a config.toml.
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("metrics.jsonl"), "user content\n").unwrap();
+    let err = run(RunOptions::new(tiny_config(&data, &["max_steps=1"]), &other)).unwrap_err();
+    assert!(err.to_string().contains("holds metrics.jsonl, which no earlier Ember run wrote there"), "{err}");
+    assert_eq!(std::fs::read_to_string(other.join("metrics.jsonl")).unwrap(), "user content\n");
 }

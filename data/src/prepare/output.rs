@@ -17,7 +17,8 @@ const LISTED: usize = 8;
 /// - `out` missing, or holding nothing but files in `keep` (the inputs, e.g. a corpus
 ///   downloaded into `out`): allowed.
 /// - `out` holds an Ember dataset (an Ember `meta.json`, or only Ember's token shards and
-///   indexes, as an interrupted replacement leaves them): allowed with `force`, which replaces
+///   indexes, as an interrupted replacement leaves them, with or without a damaged
+///   `meta.json` beside at least one shard): allowed with `force`, which replaces
 ///   that dataset's files and keeps every other file.
 /// - Anything else (e.g. nanoGPT's `train.bin`, `val.bin`, `meta.pkl`): refused, naming the
 ///   files found; nothing is written or removed.
@@ -53,11 +54,11 @@ pub fn check_output_dir(
     if names.is_empty() {
         return Ok(Vec::new());
     }
+    let dataset_file = |n: &String| is_shard(n) || n == DOCUMENTS_FILE || n == PROMPTS_FILE;
+    let damaged_meta = |n: &String| n == META_FILE && names.iter().any(|m| is_shard(m));
     let owned = match ember_meta(out) {
         Some(meta) => owned_by_meta(&meta),
-        None if names.iter().all(|n| is_shard(n) || n == DOCUMENTS_FILE || n == PROMPTS_FILE) => {
-            names.clone()
-        }
+        None if names.iter().all(|n| dataset_file(n) || damaged_meta(n)) => names.clone(),
         None => {
             return Err(refuse(format!(
                 "it is not empty and holds no Ember dataset (found {}); nothing was written or \

@@ -98,6 +98,18 @@ fn leftovers_of_an_interrupted_replacement_need_force() {
     let mut replaced = check_output_dir(&out, true, &[], false).unwrap();
     replaced.sort();
     assert_eq!(replaced, [out.join("documents.bin"), out.join("tokens-00000.bin")]);
+    // A damaged meta.json beside the shards: the same dataset, replaced with --force.
+    write(&out.join("meta.json"), b"garbage");
+    let err = check_output_dir(&out, false, &[], false).unwrap_err().to_string();
+    assert!(
+        err.contains("already holds an Ember dataset (documents.bin, meta.json, tokens-00000.bin)"),
+        "{err}"
+    );
+    assert_eq!(check_output_dir(&out, true, &[], false).unwrap().len(), 3);
+    // A meta.json without any shard is not taken for a dataset.
+    std::fs::remove_file(out.join("tokens-00000.bin")).unwrap();
+    let err = check_output_dir(&out, true, &[], false).unwrap_err().to_string();
+    assert!(err.contains("holds no Ember dataset"), "{err}");
 }
 
 #[test]

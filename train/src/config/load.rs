@@ -91,8 +91,13 @@ fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError>
 }
 
 /// serde's "invalid type: string \"abc\", expected usize" as "expected a non-negative integer,
-/// found \"abc\"" (Rust type names become words); other messages are returned as they are.
+/// found \"abc\"" (Rust type names become words), and its message for `devices` in words;
+/// other messages are returned as they are.
 fn plain_serde_message(message: &str) -> String {
+    if message == "data did not match any variant of untagged enum Devices" {
+        return "expected a number of replicas (1 or more) or a list of CUDA device indices such as [0, 1]"
+            .to_string();
+    }
     let Some((found, expected)) = message
         .strip_prefix("invalid type: ")
         .or_else(|| message.strip_prefix("invalid value: "))
@@ -118,6 +123,13 @@ fn plain_serde_message(message: &str) -> String {
             _ => found.to_string(),
         },
     };
+    // A --set number beyond TOML's integers arrives as a string of digits.
+    let digits = found.trim_matches('"');
+    let beyond_toml = digits.bytes().all(|b| b.is_ascii_digit())
+        && (digits.len() > 19 || digits.parse::<u64>().is_ok_and(|v| v > i64::MAX as u64));
+    if expected.contains("integer") && beyond_toml {
+        return format!("expected {expected} up to 9223372036854775807 (TOML's largest), found {digits}");
+    }
     format!("expected {expected}, found {found}")
 }
 
@@ -139,8 +151,17 @@ mod message_tests {
             ),
             (r#"invalid type: string "fast", expected f64"#, r#"expected a number, found "fast""#),
             ("invalid type: integer `1`, expected a boolean", "expected a boolean, found 1"),
+            (r#"invalid type: string "128", expected usize"#, r#"expected a non-negative integer, found "128""#),
+            (
+                r#"invalid type: string "18446744073709551615", expected u64"#,
+                "expected a non-negative integer up to 9223372036854775807 (TOML's largest), found 18446744073709551615",
+            ),
             ("invalid type: sequence, expected a string", "expected a string, found sequence"),
             ("unknown field `x`", "unknown field `x`"),
+            (
+                "data did not match any variant of untagged enum Devices",
+                "expected a number of replicas (1 or more) or a list of CUDA device indices such as [0, 1]",
+            ),
         ];
         for (serde, ours) in cases {
             assert_eq!(plain(serde), ours);

@@ -23,6 +23,14 @@ impl Default for Devices {
 }
 
 impl Devices {
+    /// How many devices (replicas in this process), without listing them.
+    pub fn count(&self) -> usize {
+        match self {
+            Devices::Count(n) => *n,
+            Devices::List(list) => list.len(),
+        }
+    }
+
     /// Device indices, the count form starting at `first`.
     pub fn indices(&self, first: usize) -> Vec<usize> {
         match self {
@@ -108,12 +116,13 @@ impl FromStr for HostPort {
 
     /// Parses `HOST:PORT` (an IPv6 host in brackets: `[::1]:29500`).
     ///
-    /// Errors: no `:`, an empty host, or a PORT that is not a number below 65534; the message
-    /// names the text and what was expected.
+    /// Errors: no `:`, an empty host, or a PORT that is not a number from 1 to 65533 (port 0
+    /// would ask the system for any free port, which the other nodes could not know); the
+    /// message names the text and what was expected.
     fn from_str(text: &str) -> Result<Self, String> {
-        let expected = || format!("expected HOST:PORT (PORT below 65534), got {text:?}");
+        let expected = || format!("expected HOST:PORT (PORT from 1 to 65533), got {text:?}");
         let (host, port) = text.rsplit_once(':').ok_or_else(expected)?;
-        let port = port.parse::<u16>().ok().filter(|&p| p < u16::MAX - 1).ok_or_else(expected)?;
+        let port = port.parse::<u16>().ok().filter(|&p| p > 0 && p < u16::MAX - 1).ok_or_else(expected)?;
         if host.is_empty() {
             return Err(expected());
         }
@@ -155,9 +164,9 @@ mod tests {
 
     #[test]
     fn bad_host_port_says_what_was_expected() {
-        for bad in ["29500", ":29500", "host:", "host:port", "host:65534", "host:70000"] {
+        for bad in ["29500", ":29500", "host:", "host:port", "host:0", "host:65534", "host:70000"] {
             let err = bad.parse::<HostPort>().unwrap_err();
-            assert_eq!(err, format!("expected HOST:PORT (PORT below 65534), got {bad:?}"));
+            assert_eq!(err, format!("expected HOST:PORT (PORT from 1 to 65533), got {bad:?}"));
         }
     }
 }

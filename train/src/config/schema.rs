@@ -336,22 +336,27 @@ pub(super) fn set_key_parts(key: &str) -> Vec<&str> {
 
 impl Origin {
     /// Key `key` is wrong, `message` says how: an error naming the last `--set` that gave the
-    /// key (or a table above it), else the file.
+    /// key (or a table above it, or a key inside it), else the file.
     pub fn at(&self, key: &str, message: impl Into<String>) -> ConfigError {
         self.at_any(&[key], message)
     }
 
     /// `keys[0]` is wrong in a check that relates all of `keys` (e.g. `model.d_model` and
     /// `model.n_head`), `message` says how: an error naming `keys[0]` and the last `--set` that
-    /// gave any of the keys (or a table above one), else the file.
+    /// gave it, else the last that gave one of the other keys (or a table above one), else
+    /// the file.
     pub fn at_any(&self, keys: &[&str], message: impl Into<String>) -> ConfigError {
         let gives = |arg: &String, key: &str| {
             arg.split_once('=').is_some_and(|(k, _)| {
                 let k = set_key_parts(k).join(".");
-                k == key || key.starts_with(&format!("{k}."))
+                // The key itself, a table above it, or a key inside it (`--set no.such.key=1`
+                // makes an unknown table `no`).
+                k == key || key.starts_with(&format!("{k}.")) || k.starts_with(&format!("{key}."))
             })
         };
-        let set = self.overrides.iter().rev().find(|arg| keys.iter().any(|key| gives(arg, key)));
+        let last_giving =
+            |keys: &[&str]| self.overrides.iter().rev().find(|arg| keys.iter().any(|key| gives(arg, key)));
+        let set = last_giving(&keys[..1]).or_else(|| last_giving(keys));
         let source: PathBuf = set.map_or_else(|| self.path.clone(), |arg| format!("--set {arg}").into());
         ConfigError::at(source, keys[0], message)
     }
@@ -391,7 +396,7 @@ impl RunConfig {
 
     /// Data-parallel ranks in all: replicas per process × processes.
     pub fn world_size(&self) -> usize {
-        self.devices.indices(self.device).len() * self.parallel.nodes
+        self.devices.count() * self.parallel.nodes
     }
 
     /// Sequences per optimizer step: `micro_batch_size · accumulation_steps · world_size`.

@@ -57,6 +57,11 @@ fn unknown_top_level_key_names_file_and_key() {
     let err = load(&format!("max_step = 3\n{BASE}"), &[]).unwrap_err().to_string();
     assert!(err.starts_with("run.toml: "), "{err}");
     assert!(err.contains("unknown field `max_step`"), "{err}");
+    // Set with --set, an unknown table names the --set, however deep its key.
+    for set in ["no.such.key=1", " no . such = 1", "model.no.such=1"] {
+        let err = load(BASE, &[set]).unwrap_err().to_string();
+        assert!(err.starts_with(&format!("--set {set}: key `")), "{err}");
+    }
 }
 
 #[test]
@@ -234,13 +239,13 @@ fn a_bad_host_port_names_the_key_and_the_expected_form() {
     let err = load(BASE, &["parallel.coordinator=\"10.0.0.1\""]).unwrap_err().to_string();
     assert_eq!(
         err,
-        "--set parallel.coordinator=\"10.0.0.1\": key `parallel.coordinator`: expected HOST:PORT (PORT below 65534), got \"10.0.0.1\""
+        "--set parallel.coordinator=\"10.0.0.1\": key `parallel.coordinator`: expected HOST:PORT (PORT from 1 to 65533), got \"10.0.0.1\""
     );
     let text = BASE.replace("[optimizer]", "[parallel]\ncoordinator = \"host:99999\"\n[optimizer]");
     let err = load(&text, &[]).unwrap_err().to_string();
     assert_eq!(
         err,
-        "run.toml: key `parallel.coordinator`: expected HOST:PORT (PORT below 65534), got \"host:99999\""
+        "run.toml: key `parallel.coordinator`: expected HOST:PORT (PORT from 1 to 65533), got \"host:99999\""
     );
     let ok = load(BASE, &["parallel.coordinator=\"10.0.0.1:4000\""]).unwrap();
     assert_eq!((ok.parallel.coordinator.host.as_str(), ok.parallel.coordinator.port), ("10.0.0.1", 4000));

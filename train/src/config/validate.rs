@@ -10,6 +10,9 @@ use super::schema::{RunConfig, VocabSource};
 /// integer arithmetic of the memory accounting and of model construction.
 const MAX_BYTES: f64 = (1u64 << 60) as f64;
 
+/// The most replicas one process drives (`devices`): more devices than any one machine holds.
+const MAX_REPLICAS: usize = 4096;
+
 /// A value out of range: its dotted key, why, and the other keys whose values made this
 /// check fail (so that a `--set` of any of them can be named as the error's source).
 #[derive(Debug)]
@@ -69,7 +72,24 @@ impl RunConfig {
         positive("log_every", self.log_every)?;
         positive("keep_checkpoints", self.keep_checkpoints as u64)?;
         positive("prefetch_depth", self.prefetch_depth as u64)?;
-        positive("devices", self.devices.indices(self.device).len() as u64)?;
+        positive("devices", self.devices.count() as u64)?;
+        for (key, path, expected) in [
+            ("data", &self.data, "a prepared data directory or a UTF-8 text file"),
+            ("init_from", &self.init_from, "Hugging Face weights (a directory or a .safetensors file)"),
+        ] {
+            if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+                return Err(Invalid::new(key, format!("expected {expected}, got an empty path")));
+            }
+        }
+        if self.devices.count() > MAX_REPLICAS {
+            return Err(Invalid::new(
+                "devices",
+                format!(
+                    "{} replicas in one process: at most {MAX_REPLICAS} (one per device of a machine; more machines: parallel.nodes)",
+                    self.devices.count()
+                ),
+            ));
+        }
         positive("parallel.nodes", self.parallel.nodes as u64)?;
         positive("parallel.timeout_s", self.parallel.timeout_s)?;
         if let Some(last) = self.last_data_port().filter(|&p| p > u32::from(u16::MAX)) {
@@ -168,7 +188,7 @@ impl RunConfig {
         let tokens = f(self.micro_batch_size) * t;
         let activations = tokens * (l * (40.0 * d_f + 2.0 * ff + 4.0 * f(heads) * t) + 8.0 * v) * 4.0;
         let bytes = 16.0 * params + activations;
-        let ranks = f(self.devices.indices(self.device).len()) * f(self.parallel.nodes);
+        let ranks = f(self.devices.count()) * f(self.parallel.nodes);
         let step_tokens = tokens * f(self.accumulation_steps) * ranks;
         if bytes < MAX_BYTES && step_tokens < MAX_BYTES {
             return Ok(());

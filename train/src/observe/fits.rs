@@ -27,7 +27,7 @@ pub struct Available {
 /// run's precision and checkpointing mode) times the replicas of this process.
 pub fn needed_bytes(config: &RunConfig) -> u64 {
     let peak = estimate_run(config, None, 0.4).peak;
-    peak.saturating_mul(config.devices.indices(config.device).len() as u64)
+    peak.saturating_mul(config.devices.count() as u64)
 }
 
 /// The memory the run of `config` can use on this machine, when it can be read cheaply: RAM
@@ -85,7 +85,7 @@ pub fn check_against(config: &RunConfig, available: &Available) -> Result<(), Tr
     if needed <= available.bytes {
         return Ok(());
     }
-    let replicas = config.devices.indices(config.device).len();
+    let replicas = config.devices.count();
     let message = format!(
         "the run needs about {} of memory ({} parameters × 16 B for weights, gradients and AdamW, plus the activations of a micro-batch of {} × {} tokens{}; `ember estimate` shows the details) but {} is available ({}): it would abort when allocating. Make it smaller (model.n_layer, model.d_model, micro_batch_size, model.block_size{}{}) or start anyway with --set check_memory=false",
         gb(needed),

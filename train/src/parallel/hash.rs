@@ -46,7 +46,7 @@ pub fn settings_hash(config: &RunConfig) -> u64 {
     shared.data = None;
     shared.init_from = None;
     shared.device = 0;
-    shared.devices = Devices::Count(config.devices.indices(config.device).len());
+    shared.devices = Devices::Count(config.devices.count());
     shared.peak_flops = None;
     shared.parallel.node_rank = 0;
     shared.parallel.node_address.clear();

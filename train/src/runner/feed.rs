@@ -69,12 +69,19 @@ impl Feed {
 pub fn cut_note(view: &DataView, seq_len: usize) -> String {
     let mut note = String::new();
     if view.remainder_tokens() > 0 {
-        note += &format!("; the last {} tokens (< one window) are not used", view.remainder_tokens());
+        let tokens = count(view.remainder_tokens(), "token");
+        note += &format!(
+            "; the last {tokens} (< one window) {} not used",
+            if view.remainder_tokens() == 1 { "is" } else { "are" }
+        );
     }
     if view.truncated_examples() > 0 {
         note += &format!(
-            "; WARNING: {} examples are longer than block_size + 1 = {} tokens and cut there (raise model.block_size to score their ends)",
-            view.truncated_examples(),
+            "; WARNING: {} longer than block_size + 1 = {} tokens and cut there (raise model.block_size to score their ends)",
+            match view.truncated_examples() {
+                1 => "1 example is".to_string(),
+                n => format!("{n} examples are"),
+            },
             seq_len + 1
         );
     }

@@ -122,9 +122,32 @@ pub fn train<B: AutodiffBackend>(
     // This process writes the run directory: it holds its lock until the run ends, taken
     // before anything in the directory changes.
     let leads = config.parallel.node_rank == 0;
-    let _lock = if leads { Some(lock::RunLock::acquire(&run_dir, log)?) } else { None };
+    // The run directory and the parents that this run creates.
+    let created: Vec<PathBuf> = if leads {
+        run_dir
+            .ancestors()
+            .take_while(|p| !p.as_os_str().is_empty() && !p.exists())
+            .map(PathBuf::from)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut lock = if leads { Some(lock::RunLock::acquire(&run_dir, log)?) } else { None };
     let (data, setup::Start { model, state, resume_dir, val_note }) =
-        setup::start::<B>(&mut config, &run_dir, resume, leads, &devices[0], log)?;
+        match setup::start::<B>(&mut config, &run_dir, resume, leads, &devices[0], log) {
+            Ok(started) => started,
+            Err(error) => {
+                // A run refused before it started leaves no empty directory behind, nor the
+                // parents it created (`remove_dir` removes only an empty one).
+                drop(lock.take());
+                for dir in &created {
+                    if std::fs::remove_dir(dir).is_err() {
+                        break;
+                    }
+                }
+                return Err(error);
+            }
+        };
     describe(&config, &data, &model, log);
     let plan = Plan {
         config: &config,

@@ -36,7 +36,7 @@ pub(super) fn devices<B: AutodiffBackend>(
     config: &RunConfig,
     given: Vec<B::Device>,
 ) -> Result<Vec<B::Device>, TrainError> {
-    let wanted = config.devices.indices(config.device).len();
+    let wanted = config.devices.count();
     match given.len() {
         0 => Ok(vec![B::Device::default(); wanted]),
         n if n == wanted => Ok(given),
@@ -243,7 +243,10 @@ fn write_run_files(config: &RunConfig, data: &PreparedData, run_dir: &Path) -> R
 }
 
 /// A new run must not overwrite another one. A run directory without a checkpoint holds
-/// nothing to resume (the run stopped before its first checkpoint): its metrics are replaced.
+/// nothing to resume (the run stopped before its first checkpoint): its files are replaced —
+/// only when its `config.toml` is one that Ember wrote (or, without one, when all it holds is
+/// a `metrics.jsonl` of Ember's records), so that a user's own files (a config passed as
+/// `--config RUN_DIR/config.toml`, a `metrics.jsonl`) are never overwritten.
 fn ensure_fresh(run_dir: &Path, log: &mut dyn FnMut(&str)) -> Result<(), TrainError> {
     // `latest`, or a checkpoint directory without it (a run stopped while naming its first).
     let checkpoints = run_dir.join("checkpoints");
@@ -252,6 +255,18 @@ fn ensure_fresh(run_dir: &Path, log: &mut dyn FnMut(&str)) -> Result<(), TrainEr
         || fs::read_dir(&checkpoints).is_ok_and(|mut d| d.any(|e| e.is_ok_and(step_dir)));
     if found {
         return Err(TrainError::RunDirTaken { path: run_dir.into(), found: "checkpoints".into() });
+    }
+    // With Ember's config.toml the directory is an earlier run's; without it, only a
+    // metrics.jsonl of Ember's records (or an empty one) may be replaced.
+    let replaced = [files::CONFIG, files::METRICS, files::DATA_META, ember_data::HF_TOKENIZER_FILE];
+    let ours = written_by_ember(&run_dir.join(files::CONFIG));
+    let foreign: Vec<&str> = replaced
+        .into_iter()
+        .filter(|name| run_dir.join(name).exists())
+        .filter(|&name| !(ours || name == files::METRICS && ember_metrics(&run_dir.join(name))))
+        .collect();
+    if !foreign.is_empty() {
+        return Err(TrainError::RunDirForeign { path: run_dir.into(), files: foreign.join(", ") });
     }
     let metrics = run_dir.join(files::METRICS);
     if metrics.exists() {
@@ -262,6 +277,20 @@ fn ensure_fresh(run_dir: &Path, log: &mut dyn FnMut(&str)) -> Result<(), TrainEr
         ));
     }
     Ok(())
+}
+
+/// Whether `path` is a `config.toml` that Ember wrote: it reads as a run configuration, and
+/// is byte for byte what Ember writes for that configuration (a hand-written one differs in
+/// its order, comments, or the defaults and resolved values it leaves out).
+fn written_by_ember(path: &Path) -> bool {
+    let Ok(text) = fs::read_to_string(path) else { return false };
+    RunConfig::from_toml_str(&text, path, &[]).is_ok_and(|config| config.to_toml() == text)
+}
+
+/// Whether `path` is a `metrics.jsonl` of Ember's: empty, or records that Ember reads.
+fn ember_metrics(path: &Path) -> bool {
+    fs::metadata(path).is_ok_and(|m| m.len() == 0)
+        || metrics::read_records(path).is_ok_and(|records| !records.is_empty())
 }
 
 /// The model and seed of a resumed run must be the checkpoint's, and so must the data.
@@ -281,10 +310,13 @@ fn check_resumable(
         ));
     }
     if state.seed != config.seed {
-        return mismatch(format!(
-            "seed {} differs from the checkpoint's {}: the run would not continue the same data order",
-            config.seed, state.seed
-        ));
+        let message = format!(
+            "{} differs from the checkpoint's {} ({}): the run would not continue the same data order",
+            config.seed,
+            state.seed,
+            dir.display()
+        );
+        return Err(config.origin.at("seed", message).into());
     }
     if state.data_tokens != data_tokens {
         return mismatch(format!(

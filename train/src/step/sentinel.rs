@@ -100,8 +100,10 @@ impl Sentinel {
             ));
         }
         let limit = self.config.max_skipped_steps;
-        (self.state.skipped_in_a_row >= limit)
-            .then(|| format!("{limit} steps in a row were skipped (sentinel.max_skipped_steps = {limit})"))
+        (self.state.skipped_in_a_row >= limit).then(|| match limit {
+            1 => format!("1 step was skipped (sentinel.max_skipped_steps = {limit})"),
+            _ => format!("{limit} steps in a row were skipped (sentinel.max_skipped_steps = {limit})"),
+        })
     }
 
     /// The z-score of `loss` against the window, once it is full and its spread is not 0.

@@ -95,7 +95,9 @@ pub const MATMUL_REPS: usize = 5;
 /// `matmul_size` `n`, measures an `n³` f32 matmul (after the memory readings, so its operands
 /// do not count in the peak memory) for the MFU against it.
 ///
-/// Errors: an unusable configuration (the vocabulary must be known: `model.vocab_size`).
+/// Errors: an unusable configuration (the vocabulary must be known: `model.vocab_size`); a
+/// model and batch too large for the memory, as for training ([`TrainError::WontFit`];
+/// `check_memory = false` runs anyway).
 pub fn bench<B: AutodiffBackend>(
     config: &RunConfig,
     steps: usize,
@@ -105,6 +107,7 @@ pub fn bench<B: AutodiffBackend>(
     device: &B::Device,
     device_name: String,
 ) -> Result<BenchReport, TrainError> {
+    crate::observe::fits::check(config, &mut |_| {})?; // before the model is allocated
     let baseline_rss_bytes = rss_bytes("VmRSS:").unwrap_or(0);
     B::seed(device, config.seed);
     let mut model: LanguageModel<B> =
