@@ -302,4 +302,20 @@ fn a_new_run_replaces_only_the_files_of_an_earlier_run_without_a_checkpoint() {
     let err = run(RunOptions::new(tiny_config(&data, &["max_steps=1"]), &other)).unwrap_err();
     assert!(err.to_string().contains("holds metrics.jsonl, which no earlier Ember run wrote there"), "{err}");
     assert_eq!(std::fs::read_to_string(other.join("metrics.jsonl")).unwrap(), "user content\n");
+
+    // An Ember record followed by the user's text; the user's data_meta.json beside an Ember
+    // config.toml: each file is judged on its own.
+    let record =
+        std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap().lines().next().unwrap().to_string();
+    let mixed = format!("{record}\nmy note\n");
+    std::fs::write(other.join("metrics.jsonl"), &mixed).unwrap();
+    let err = run(RunOptions::new(tiny_config(&data, &["max_steps=1"]), &other)).unwrap_err();
+    assert!(err.to_string().contains("holds metrics.jsonl,"), "{err}");
+    assert_eq!(std::fs::read_to_string(other.join("metrics.jsonl")).unwrap(), mixed);
+    std::fs::remove_file(other.join("metrics.jsonl")).unwrap();
+    std::fs::copy(run_dir.join("config.toml"), other.join("config.toml")).unwrap();
+    std::fs::write(other.join("data_meta.json"), "{\"mine\": 1}").unwrap();
+    let err = run(RunOptions::new(tiny_config(&data, &["max_steps=1"]), &other)).unwrap_err();
+    assert!(err.to_string().contains("holds data_meta.json, which"), "{err}");
+    assert_eq!(std::fs::read_to_string(other.join("data_meta.json")).unwrap(), "{\"mine\": 1}");
 }

@@ -92,7 +92,7 @@ impl RunConfig {
         }
         positive("parallel.nodes", self.parallel.nodes as u64)?;
         positive("parallel.timeout_s", self.parallel.timeout_s)?;
-        if let Some(last) = self.last_data_port().filter(|&p| p > u32::from(u16::MAX)) {
+        if let Some(last) = self.last_data_port().filter(|&p| p > u64::from(u16::MAX)) {
             // The coordinator's port counts only when data_port is not given.
             let related: &[&str] = match self.parallel.data_port {
                 Some(_) => &["parallel.nodes"],
@@ -216,9 +216,9 @@ impl RunConfig {
 
     /// The last data-service port of the last node when there are several: `data_port` (else
     /// the coordinator's port + 2) + 2 × (nodes − 1) + 1.
-    fn last_data_port(&self) -> Option<u32> {
+    fn last_data_port(&self) -> Option<u64> {
         let p = &self.parallel;
-        let first = p.data_port.map_or(u32::from(p.coordinator.port) + 2, u32::from);
-        (p.nodes > 1).then(|| first + 2 * (p.nodes as u32 - 1) + 1)
+        let first = p.data_port.map_or(u64::from(p.coordinator.port) + 2, u64::from);
+        (p.nodes > 1).then(|| first.saturating_add(2u64.saturating_mul(p.nodes as u64 - 1)).saturating_add(1))
     }
 }

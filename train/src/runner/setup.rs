@@ -256,14 +256,24 @@ fn ensure_fresh(run_dir: &Path, log: &mut dyn FnMut(&str)) -> Result<(), TrainEr
     if found {
         return Err(TrainError::RunDirTaken { path: run_dir.into(), found: "checkpoints".into() });
     }
-    // With Ember's config.toml the directory is an earlier run's; without it, only a
-    // metrics.jsonl of Ember's records (or an empty one) may be replaced.
-    let replaced = [files::CONFIG, files::METRICS, files::DATA_META, ember_data::HF_TOKENIZER_FILE];
+    // Each file is checked on its own: Ember's config.toml, Ember's records, Ember's data
+    // metadata; a tokenizer.json only beside Ember's config.toml.
     let ours = written_by_ember(&run_dir.join(files::CONFIG));
+    let is_ember = |name: &str| {
+        let path = run_dir.join(name);
+        match name {
+            files::METRICS => ember_metrics(&path, ours),
+            files::DATA_META => {
+                fs::read(&path).is_ok_and(|b| serde_json::from_slice::<ember_data::Meta>(&b).is_ok())
+            }
+            _ => ours,
+        }
+    };
+    let replaced = [files::CONFIG, files::METRICS, files::DATA_META, ember_data::HF_TOKENIZER_FILE];
     let foreign: Vec<&str> = replaced
         .into_iter()
         .filter(|name| run_dir.join(name).exists())
-        .filter(|&name| !(ours || name == files::METRICS && ember_metrics(&run_dir.join(name))))
+        .filter(|&name| !is_ember(name))
         .collect();
     if !foreign.is_empty() {
         return Err(TrainError::RunDirForeign { path: run_dir.into(), files: foreign.join(", ") });
@@ -287,10 +297,14 @@ fn written_by_ember(path: &Path) -> bool {
     RunConfig::from_toml_str(&text, path, &[]).is_ok_and(|config| config.to_toml() == text)
 }
 
-/// Whether `path` is a `metrics.jsonl` of Ember's: empty, or records that Ember reads.
-fn ember_metrics(path: &Path) -> bool {
-    fs::metadata(path).is_ok_and(|m| m.len() == 0)
-        || metrics::read_records(path).is_ok_and(|records| !records.is_empty())
+/// Whether `path` is a `metrics.jsonl` of Ember's: empty, or every line a record that Ember
+/// reads — but for a torn last line (a write cut short) when the run's `config.toml` is
+/// Ember's (`beside_ours`).
+fn ember_metrics(path: &Path, beside_ours: bool) -> bool {
+    let Ok(text) = fs::read_to_string(path) else { return false };
+    let lines = text.lines().filter(|l| !l.trim().is_empty()).count();
+    let torn = usize::from(beside_ours);
+    lines == 0 || metrics::read_records(path).is_ok_and(|r| !r.is_empty() && r.len() + torn >= lines)
 }
 
 /// The model and seed of a resumed run must be the checkpoint's, and so must the data.
