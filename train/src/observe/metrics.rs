@@ -299,6 +299,19 @@ fn not_a_record(path: &Path, number: usize, error: &str) -> TrainError {
     }
 }
 
+/// Whether `path` is a `metrics.jsonl` of Ember's: nothing but blank lines, or at least one
+/// record and every other line blank — or, with `allow_torn`, a torn last line. An unreadable
+/// file is not.
+pub fn holds_only_records(path: &Path, allow_torn: bool) -> bool {
+    let Ok(bytes) = std::fs::read(path) else { return false };
+    let lines = lines(&bytes);
+    let torn = if allow_torn { torn_tail(&lines) } else { None };
+    let bad = lines.iter().any(|l| matches!(l.record, Some(Err(_))) && Some(l.number) != torn);
+    let blank = lines.iter().all(|l| l.record.is_none());
+    let records = lines.iter().any(|l| matches!(l.record, Some(Ok(_))));
+    !bad && (blank || records)
+}
+
 /// Reads every record of a `metrics.jsonl`. A torn last line (one that does not parse: a
 /// write in progress, or cut short by a crash) is skipped.
 ///

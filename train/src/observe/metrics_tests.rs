@@ -145,6 +145,27 @@ fn a_torn_last_line_is_dropped_with_a_warning() {
 }
 
 #[test]
+fn only_records_or_nothing_count_as_an_ember_metrics_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("metrics.jsonl");
+    let whole = eval_line(0, "4.2") + &eval_line(1, "3.9");
+    for (text, strict, torn_allowed) in [
+        (String::new(), true, true),
+        ("\n  \n".to_string(), true, true),
+        (whole.clone(), true, true),
+        (whole.clone() + "{\"kind\":\"eval\",\"st", false, true),
+        (whole.clone() + "my note\n", false, true),
+        (whole.clone() + "my note\n" + &eval_line(2, "3.8"), false, false),
+        ("user content\n".to_string(), false, false),
+    ] {
+        std::fs::write(&path, &text).unwrap();
+        assert_eq!(holds_only_records(&path, false), strict, "{text:?}");
+        assert_eq!(holds_only_records(&path, true), torn_allowed, "{text:?}");
+    }
+    assert!(!holds_only_records(&dir.path().join("missing.jsonl"), true));
+}
+
+#[test]
 fn a_bad_line_before_the_last_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("metrics.jsonl");

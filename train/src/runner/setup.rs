@@ -262,7 +262,8 @@ fn ensure_fresh(run_dir: &Path, log: &mut dyn FnMut(&str)) -> Result<(), TrainEr
     let is_ember = |name: &str| {
         let path = run_dir.join(name);
         match name {
-            files::METRICS => ember_metrics(&path, ours),
+            // A torn last line (a write cut short) only beside Ember's config.toml.
+            files::METRICS => metrics::holds_only_records(&path, ours),
             files::DATA_META => {
                 fs::read(&path).is_ok_and(|b| serde_json::from_slice::<ember_data::Meta>(&b).is_ok())
             }
@@ -295,16 +296,6 @@ fn ensure_fresh(run_dir: &Path, log: &mut dyn FnMut(&str)) -> Result<(), TrainEr
 fn written_by_ember(path: &Path) -> bool {
     let Ok(text) = fs::read_to_string(path) else { return false };
     RunConfig::from_toml_str(&text, path, &[]).is_ok_and(|config| config.to_toml() == text)
-}
-
-/// Whether `path` is a `metrics.jsonl` of Ember's: empty, or every line a record that Ember
-/// reads — but for a torn last line (a write cut short) when the run's `config.toml` is
-/// Ember's (`beside_ours`).
-fn ember_metrics(path: &Path, beside_ours: bool) -> bool {
-    let Ok(text) = fs::read_to_string(path) else { return false };
-    let lines = text.lines().filter(|l| !l.trim().is_empty()).count();
-    let torn = usize::from(beside_ours);
-    lines == 0 || metrics::read_records(path).is_ok_and(|r| !r.is_empty() && r.len() + torn >= lines)
 }
 
 /// The model and seed of a resumed run must be the checkpoint's, and so must the data.
