@@ -4,8 +4,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 use ember_train::observe::accounting::{estimate_run, known_peak_flops, Estimate};
+use ember_train::observe::fits;
 use ember_train::observe::words::count;
-use ember_train::{CheckpointingKind, PrecisionKind, RunConfig};
+use ember_train::{BackendKind, CheckpointingKind, PrecisionKind, RunConfig};
 
 /// Arguments of `ember estimate`.
 #[derive(Args)]
@@ -169,6 +170,22 @@ fn table(e: &Estimate, config: &RunConfig) -> String {
                 CheckpointingKind::Blocks => {
                     format!("{} with checkpointing ({} without)", gb(e.peak), gb(e.peak_bytes.0))
                 }
+            },
+        ),
+        (
+            "this process (CPU)".into(),
+            match config.backend {
+                BackendKind::Flex => {
+                    let (replicas, own) = (config.devices.count(), fits::replica_overhead_bytes(config));
+                    format!(
+                        "{} = {} × ({} + {} of the replica's own: its sampler's row order, gemm's scratch, and a copy of Burn autodiff's graph registry at each backward, which grows with the replicas) — what `ember train` checks against the RAM",
+                        gb(fits::needed_bytes(config)),
+                        count(replicas, "replica"),
+                        gb(e.peak),
+                        gb(own)
+                    )
+                }
+                BackendKind::Cuda => "— (CUDA: the peak is per device)".into(),
             },
         ),
         (

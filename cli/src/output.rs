@@ -23,7 +23,7 @@ pub(crate) fn stdout_closed() -> bool {
     CLOSED.load(Ordering::SeqCst)
 }
 
-/// Writes one line to stdout. If the reader went away (broken pipe): with an
+/// Writes one line to stdout. If the reader went away (a broken pipe, a hung-up terminal): with an
 /// [`on_stdout_closed`] hook, calls it once and drops this and later lines; without one,
 /// exits with status 0, as Unix tools do (`ember sample | head`).
 pub(crate) fn print_line(line: std::fmt::Arguments<'_>) {
@@ -31,7 +31,7 @@ pub(crate) fn print_line(line: std::fmt::Arguments<'_>) {
         return;
     }
     if let Err(e) = writeln!(std::io::stdout().lock(), "{line}") {
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
+        if reader_gone(&e) {
             match ON_CLOSED.get() {
                 Some(stop) => {
                     if !CLOSED.swap(true, Ordering::SeqCst) {
@@ -42,6 +42,16 @@ pub(crate) fn print_line(line: std::fmt::Arguments<'_>) {
             }
         }
     }
+}
+
+/// Whether a write failed because nobody can read the output any more: a pipe whose reader
+/// closed it (EPIPE), or a terminal that hung up (EIO: its window closed, an SSH disconnect).
+fn reader_gone(error: &std::io::Error) -> bool {
+    #[cfg(unix)]
+    if error.raw_os_error() == Some(libc::EIO) {
+        return true;
+    }
+    error.kind() == std::io::ErrorKind::BrokenPipe
 }
 
 /// Writes one line to stderr, dropping it if stderr is closed (`eprintln!` would panic there,

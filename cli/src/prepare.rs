@@ -115,10 +115,10 @@ pub fn run(args: PrepareArgs) -> anyhow::Result<()> {
         (false, false) => "documents",
     };
     out!(
-        "prepared {}: {} {what}, {} tokens ({} train + {} val), vocabulary {} ({:?}), {}",
+        "prepared {}: {} {what}, {} ({} train + {} val), vocabulary {} ({:?}), {}",
         summary.out.display(),
         m.documents,
-        m.total_tokens,
+        count(m.total_tokens, "token"),
         m.train_tokens,
         m.val_tokens,
         m.vocab_size,
@@ -126,18 +126,18 @@ pub fn run(args: PrepareArgs) -> anyhow::Result<()> {
         count(m.shards.len(), "shard"),
     );
     out!(
-        "read {} bytes from {} in {:.2} s: {:.2} MB/s, {:.0} tokens/s",
-        summary.input_bytes,
+        "read {} from {} in {:.2} s: {:.2} MB/s, {:.0} tokens/s",
+        count(summary.input_bytes, "byte"),
         count(m.sources.len(), "file"),
         summary.seconds,
         summary.mb_per_s(),
         summary.tokens_per_s()
     );
     if m.lossy_replacements > 0 {
-        out!("replaced {} invalid UTF-8 sequences with U+FFFD (--lossy)", m.lossy_replacements);
+        out!("replaced {} with U+FFFD (--lossy)", count(m.lossy_replacements, "invalid UTF-8 sequence"));
     }
     if m.empty_documents > 0 {
-        out!("skipped {} empty documents", m.empty_documents);
+        out!("skipped {}", count(m.empty_documents, "empty document"));
     }
     Ok(())
 }

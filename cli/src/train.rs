@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::dashboard::hangup;
 use anyhow::{bail, Context};
 use clap::Args;
-use ember_train::config::HostPort;
+use ember_train::config::{HostPort, Override};
 use ember_train::persist::files;
 use ember_train::Controls;
 use ember_train::{RunConfig, RunOptions};
@@ -43,6 +44,10 @@ pub struct TrainArgs {
     /// The orchestrator's address. Sets `parallel.coordinator`.
     #[arg(long, value_name = "HOST:PORT")]
     coordinator: Option<HostPort>,
+    /// With `--data TEXT`: replace RUN_DIR/data when it was prepared from another text (it may
+    /// be a dataset you prepared there; without --force that is refused).
+    #[arg(long)]
+    force: bool,
     /// Show the dashboard even when stdout is not a terminal.
     #[arg(long, conflicts_with = "no_tui")]
     tui: bool,
@@ -52,71 +57,47 @@ pub struct TrainArgs {
 }
 
 impl TrainArgs {
-    /// `--set` overrides followed by those of the data-parallel flags.
-    fn overrides(&self) -> Vec<String> {
-        let mut set = self.set.clone();
-        set.extend(self.flag_overrides().into_iter().map(|(set, _)| set));
-        set
-    }
-
-    /// The data-parallel flags given, each as its override (`parallel.nodes=2`) and as the
-    /// user wrote it (`--nodes 2`).
-    fn flag_overrides(&self) -> Vec<(String, String)> {
-        let mut flags = Vec::new();
+    /// `--set` overrides followed by those of the data-parallel flags, each named in errors as
+    /// the user gave it (`--nodes 2`, not the `parallel.nodes=2` it sets).
+    ///
+    /// Errors: a `--data` path that is not UTF-8 (a config holds paths as TOML strings).
+    fn overrides(&self) -> anyhow::Result<Vec<Override>> {
+        let mut overrides = Override::sets(&self.set);
+        if let Some(data) = &self.data {
+            let Some(text) = data.to_str() else {
+                bail!("--data {}: expected a UTF-8 path (the run's config.toml records it)", data.display())
+            };
+            let value = toml::Value::String(text.into());
+            overrides.push(Override::flag(format!("data={value}"), format!("--data {text}")));
+        }
         if let Some(n) = self.devices {
-            flags.push((format!("devices={n}"), format!("--devices {n}")));
+            overrides.push(Override::flag(format!("devices={n}"), format!("--devices {n}")));
         }
         if let Some(n) = self.nodes {
-            flags.push((format!("parallel.nodes={n}"), format!("--nodes {n}")));
+            overrides.push(Override::flag(format!("parallel.nodes={n}"), format!("--nodes {n}")));
         }
         if let Some(r) = self.node_rank {
-            flags.push((format!("parallel.node_rank={r}"), format!("--node-rank {r}")));
+            overrides.push(Override::flag(format!("parallel.node_rank={r}"), format!("--node-rank {r}")));
         }
         if let Some(c) = &self.coordinator {
-            flags.push((format!("parallel.coordinator=\"{c}\""), format!("--coordinator {c}")));
+            overrides
+                .push(Override::flag(format!("parallel.coordinator=\"{c}\""), format!("--coordinator {c}")));
         }
-        flags
+        Ok(overrides)
     }
 }
 
 /// Runs `ember train`.
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
-    let flags = args.flag_overrides();
-    train(args).map_err(|error| named_as_given(error, &flags))
-}
-
-/// An error that names a data-parallel flag by its override (`--set parallel.nodes=2: key
-/// …`) names the flag as the user gave it (`--nodes 2: key …`); other errors are unchanged.
-fn named_as_given(error: anyhow::Error, flags: &[(String, String)]) -> anyhow::Error {
-    let text = crate::message(&error);
-    let mut renamed = text.clone();
-    for (set, flag) in flags {
-        // Only whole arguments: `--set devices=2` is not the start of `--set devices=20`.
-        for end in [":", " ", ";", ")"] {
-            renamed = renamed.replace(&format!("--set {set}{end}"), &format!("{flag}{end}"));
-        }
-        if let Some(head) = renamed.strip_suffix(&format!("--set {set}")) {
-            renamed = format!("{head}{flag}");
-        }
-    }
-    if renamed == text {
-        error
-    } else {
-        anyhow::anyhow!(renamed)
-    }
-}
-
-/// `ember train` itself.
-fn train(args: TrainArgs) -> anyhow::Result<()> {
-    let overrides = args.overrides();
+    let overrides = args.overrides()?;
     for (flag, dir) in [("--resume", &args.resume), ("--run-dir", &args.run_dir)] {
         if let Some(dir) = dir {
             check_directory(flag, dir)?;
         }
     }
-    let (mut config, run_dir, resume) = match (&args.config, &args.resume) {
+    let (config, run_dir, resume) = match (&args.config, &args.resume) {
         (Some(path), None) => {
-            let config = RunConfig::load(path, &overrides)?;
+            let config = RunConfig::load_with(path, &overrides)?;
             let name =
                 path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "run".into());
             let run_dir = args.run_dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(name));
@@ -136,15 +117,12 @@ fn train(args: TrainArgs) -> anyhow::Result<()> {
                     files::CONFIG
                 );
             }
-            (RunConfig::load(&run_dir.join(files::CONFIG), &overrides)?, run_dir.clone(), true)
+            (RunConfig::load_with(&run_dir.join(files::CONFIG), &overrides)?, run_dir.clone(), true)
         }
         _ => unreachable!("clap requires exactly one of --config and --resume"),
     };
     if args.resume.is_none() && args.run_dir.is_none() {
         check_directory("the default --run-dir", &run_dir)?;
-    }
-    if let Some(data) = args.data {
-        config.data = Some(data);
     }
     let controls = stop_controls()?;
 
@@ -164,14 +142,30 @@ fn train(args: TrainArgs) -> anyhow::Result<()> {
         out!("no dashboard with several nodes: burn-collective prints to stdout at every step; use `ember watch` on node 0's run directory");
     }
     let leads = config.parallel.node_rank == 0;
+    let max_steps = config.max_steps;
     let mut options = RunOptions::new(config, run_dir.clone()).with_controls(controls);
     options.resume = resume;
+    options.force = args.force;
     options.coordinator_elsewhere = coordinator.is_some();
     let summary = if use_tui {
         with_dashboard(options)?
     } else {
         ember_train::tools::commands::train_run(options, &mut |line| out!("{line}"))?
     };
+    if summary.already_finished {
+        // A requeued job that was preempted after its last checkpoint: success, nothing done.
+        let step = summary.steps;
+        out!(
+            "{}; nothing to train (raise max_steps with --set max_steps=N to continue); run directory {} unchanged",
+            if step == max_steps {
+                format!("already finished at step {step} (max_steps = {max_steps})")
+            } else {
+                format!("already at step {step}, beyond max_steps = {max_steps}")
+            },
+            run_dir.display()
+        );
+        return Ok(());
+    }
     let val = summary
         .final_val_loss
         .map(|v| format!("val loss {v:.4} (ppl {:.2})", v.exp()))
@@ -197,22 +191,15 @@ fn train(args: TrainArgs) -> anyhow::Result<()> {
 }
 
 /// The run's stop control, set by Ctrl-C, SIGTERM or SIGHUP (on any node: the run stops after
-/// the current step with a checkpoint; a second signal exits at once, status 130) and by a
-/// closed stdout (`ember train … | head -1`: the same stop, printing nothing more).
+/// the current step with a checkpoint; a second Ctrl-C or SIGTERM exits at once, status 130)
+/// and by a closed stdout (`ember train … | head -1`: the same stop, printing nothing more).
+///
+/// A SIGHUP never exits at once: a closed terminal sends it to the process more than once
+/// (the kernel signals the session leader and the foreground group), and a hang-up after a
+/// Ctrl-C is no reason to lose the checkpoint.
 fn stop_controls() -> anyhow::Result<Arc<Controls>> {
     let controls = Arc::new(Controls::default());
-    let flag = controls.clone();
-    ctrlc::set_handler(move || {
-        if flag.stop.swap(true, Ordering::SeqCst) {
-            err!("\nstopped again: exiting at once, without a checkpoint of this step");
-            std::process::exit(130);
-        }
-        err!(
-            "\nstop requested (Ctrl-C, SIGTERM or SIGHUP): stopping after this step with a checkpoint; \
-             a second one exits at once"
-        );
-    })
-    .context("cannot install the handler of Ctrl-C, SIGTERM and SIGHUP")?;
+    on_signals(controls.clone())?;
     let flag = controls.clone();
     crate::output::on_stdout_closed(move || {
         if !flag.stop.swap(true, Ordering::SeqCst) {
@@ -220,6 +207,46 @@ fn stop_controls() -> anyhow::Result<Arc<Controls>> {
         }
     });
     Ok(controls)
+}
+
+/// A stop asked by a signal; `hang_up` for SIGHUP.
+fn stop_requested(controls: &Controls, hang_up: bool) {
+    let again = controls.stop.swap(true, Ordering::SeqCst);
+    match (again, hang_up) {
+        (true, false) => {
+            err!("\nstopped again: exiting at once, without a checkpoint of this step");
+            std::process::exit(130);
+        }
+        (true, true) => {}
+        (false, _) => err!(
+            "\nstop requested ({}): stopping after this step with a checkpoint; a second Ctrl-C or SIGTERM exits at once",
+            if hang_up { "SIGHUP: the terminal closed" } else { "Ctrl-C or SIGTERM" }
+        ),
+    }
+}
+
+/// Ctrl-C, SIGTERM and SIGHUP call [`stop_requested`] on a thread of their own.
+#[cfg(unix)]
+fn on_signals(controls: Arc<Controls>) -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+        .context("cannot install the handler of Ctrl-C, SIGTERM and SIGHUP")?;
+    std::thread::Builder::new()
+        .name("ember-signals".into())
+        .spawn(move || {
+            for signal in signals.forever() {
+                stop_requested(&controls, signal == SIGHUP);
+            }
+        })
+        .context("cannot start the thread that handles signals")?;
+    Ok(())
+}
+
+/// Ctrl-C (and the console's close and termination events) call [`stop_requested`].
+#[cfg(not(unix))]
+fn on_signals(controls: Arc<Controls>) -> anyhow::Result<()> {
+    ctrlc::set_handler(move || stop_requested(&controls, false))
+        .context("cannot install the handler of Ctrl-C")
 }
 
 /// Refuses a run directory that is a file, or lies below one, naming `flag`; a missing one is
@@ -282,12 +309,20 @@ fn with_dashboard(options: RunOptions) -> anyhow::Result<ember_train::RunSummary
     let (log_tx, log_rx) = std::sync::mpsc::channel::<String>();
     // Before the training starts: without a terminal there is nothing to run.
     let mut terminal = crate::dashboard::open_terminal()?;
-    let training = std::thread::spawn(move || {
-        ember_train::tools::commands::train_run(options, &mut |line| {
-            let _ = tx.send(line.to_string());
-            let _ = log_tx.send(line.to_string());
+    let ended = Arc::new(hangup::Ended::default());
+    let training = {
+        let ended = ended.clone();
+        std::thread::spawn(move || {
+            let result = ember_train::tools::commands::train_run(options, &mut |line| {
+                let _ = tx.send(line.to_string());
+                let _ = log_tx.send(line.to_string());
+            });
+            ended.set(result.is_ok());
+            result
         })
-    });
+    };
+    // A terminal that hangs up while the dashboard is inside crossterm's event poll.
+    let watchdog = hangup::Watchdog::start(controls.clone(), ended);
     let finished = |_: &crate::dashboard::Dashboard| {
         training.is_finished().then(|| "finished: press any key".to_string())
     };
@@ -301,6 +336,7 @@ fn with_dashboard(options: RunOptions) -> anyhow::Result<ember_train::RunSummary
             finished: &finished,
         },
     );
+    drop(watchdog);
     ratatui::restore();
     let (frames, seconds) = shown?.frames;
     for line in rx {

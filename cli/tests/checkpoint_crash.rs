@@ -149,3 +149,82 @@ fn a_write_over_the_file_size_limit_is_an_error_and_keeps_the_previous_checkpoin
     assert!(out.contains("resumed from") && out.contains("(step 3)"), "{out}");
     assert_eq!(latest_step(&run_dir), 6);
 }
+
+/// A scheduler that requeues a preempted job runs the same command until it exits 0. Killed
+/// right after each checkpoint, the last one included, the run ends with the weights of the
+/// uninterrupted run, and a requeue of the finished run succeeds without changing a byte.
+#[test]
+fn a_run_killed_after_each_checkpoint_and_requeued_until_it_succeeds_ends_with_the_straight_runs_weights() {
+    let dir = workdir();
+    let w = dir.path();
+    let sets = ["--set", "max_steps=6", "--set", "checkpoint_every=1", "--set", "keep_checkpoints=10"];
+    fn start<'a>(run: &'a str, sets: &[&'a str]) -> Vec<&'a str> {
+        [&["train", "--config", "tiny.toml", "--run-dir", run, "--no-tui"][..], sets].concat()
+    }
+    ok(&start("straight", &sets), w);
+    let requeue = ["train", "--resume", "requeued", "--no-tui"];
+    let run_dir = w.join("requeued");
+    let mut finished_rounds = 0;
+    for round in 0..20 {
+        let args: Vec<&str> = if round == 0 { start("requeued", &sets) } else { requeue.to_vec() };
+        let mut child = spawn(&args, w, round);
+        let from = latest_step(&run_dir);
+        // Killed as soon as it has written its next checkpoint (the last one too).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if latest_step(&run_dir) > from {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                break None;
+            }
+            assert!(Instant::now() < deadline, "round {round}: no checkpoint after step {from}");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let log = fs::read_to_string(w.join(format!("round{round}.log"))).unwrap();
+        match status {
+            None => {}
+            Some(status) if status.success() => {
+                finished_rounds += 1;
+                if log.contains("already finished at step 6 (max_steps = 6)") {
+                    break;
+                }
+            }
+            Some(status) => panic!("round {round}: {status}\n{log}"),
+        }
+    }
+    assert!(finished_rounds >= 1, "the requeued job succeeded");
+    assert_eq!(latest_step(&run_dir), 6);
+    // Requeued again and again after it finished: exit 0, nothing changes.
+    let snapshot = |dir: &Path| -> Vec<(String, Vec<u8>)> {
+        let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for entry in fs::read_dir(&d).unwrap() {
+                let path = entry.unwrap().path();
+                match path.is_dir() {
+                    true => stack.push(path),
+                    false => files.push((path.display().to_string(), fs::read(&path).unwrap())),
+                }
+            }
+        }
+        files.sort();
+        files
+    };
+    let before = snapshot(&run_dir);
+    for _ in 0..2 {
+        let out = ok(&requeue, w);
+        assert!(out.contains("already finished at step 6 (max_steps = 6)"), "{out}");
+        assert!(snapshot(&run_dir) == before, "a finished run's files are byte-identical after a requeue");
+    }
+    // The weights (exported: a Burn record also holds random parameter ids) and every logged
+    // loss of the uninterrupted run.
+    let weights = |run: &str| {
+        ok(&["export", "--run", run, "--format", "hf-gpt2", "--out", &format!("{run}-hf")], w);
+        fs::read(w.join(format!("{run}-hf/model.safetensors"))).unwrap()
+    };
+    assert!(weights("requeued") == weights("straight"), "the final weights are the uninterrupted run's");
+    assert_eq!(train_losses(&run_dir), train_losses(&w.join("straight")));
+}

@@ -207,3 +207,135 @@ fn the_dashboard_without_a_terminal_is_an_error() {
     assert!(out.status.success(), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("step      6"), "{out:?}");
 }
+
+#[test]
+fn devices_are_refused_when_listed_twice_and_a_long_list_is_not_echoed_whole() {
+    let dir = workdir();
+    let w = dir.path();
+    let err = fails(&["train", "--config", "tiny.toml", "--set", "devices=[0, 0]"], w);
+    assert_eq!(
+        err.trim_end(),
+        "error: --set devices=[0, 0]: key `devices`: device 0 is listed twice (entries 0 and 1): each replica needs a device of its own (several CPU replicas: a count, e.g. devices = 2)"
+    );
+    let list: Vec<String> = (0..10_000).map(|i| i.to_string()).collect();
+    let set = format!("devices=[{}]", list.join(","));
+    for command in ["train", "estimate", "bench"] {
+        let err = fails(&[command, "--config", "tiny.toml", "--set", &set], w);
+        assert!(err.len() < 400, "{command}: {} characters: {err}", err.len());
+        assert!(
+            err.starts_with("error: --set devices=[0,1,2,3,")
+                && err.contains(&format!(
+                    "… ({} characters): key `devices`: 10000 replicas in one process: at most 4096",
+                    set.len() + 6
+                )),
+            "{command}: {err}"
+        );
+    }
+    assert!(!w.join("runs").exists(), "nothing written");
+}
+
+#[test]
+fn init_from_a_directory_without_weights_says_so() {
+    let dir = workdir();
+    let w = dir.path();
+    std::fs::create_dir(w.join("junk")).unwrap();
+    std::fs::write(w.join("junk/notes.txt"), "mine").unwrap();
+    let err = fails(&["train", "--config", "tiny.toml", "--set", "init_from=\"junk\""], w);
+    assert!(
+        err.starts_with("error: --set init_from=\"junk\": key `init_from`: junk: a directory without model.safetensors: expected Hugging Face weights")
+            && err.contains("ember export --run RUN_DIR --out DIR")
+            && !err.contains("os error"),
+        "{err}"
+    );
+    // A directory holding model.safetensors (as `ember export` writes it) is its weights.
+    ok(&["train", "--config", "tiny.toml", "--run-dir", "first", "--set", "max_steps=2", "--no-tui"], w);
+    ok(&["export", "--run", "first", "--format", "hf-gpt2", "--out", "hf"], w);
+    let out = ok(
+        &[
+            "train",
+            "--config",
+            "tiny.toml",
+            "--run-dir",
+            "tuned",
+            "--set",
+            "init_from=\"hf\"",
+            "--set",
+            "max_steps=1",
+            "--no-tui",
+        ],
+        w,
+    );
+    assert!(out.contains("initialized from hf"), "{out}");
+}
+
+#[test]
+fn counts_of_one_read_in_the_singular() {
+    let dir = workdir();
+    let w = dir.path();
+    let out = ok(
+        &[
+            "train",
+            "--config",
+            "tiny.toml",
+            "--run-dir",
+            "one",
+            "--set",
+            "model.block_size=1",
+            "--set",
+            "max_steps=1",
+            "--no-tui",
+        ],
+        w,
+    );
+    assert!(out.contains("global batch: 4 sequences × 1 token = 4 tokens per optimizer step"), "{out}");
+    assert!(out.contains(" rows of 1 token, "), "{out}");
+    assert!(!out.contains("1 tokens"), "{out}");
+    std::fs::write(w.join("a.txt"), "a").unwrap();
+    let out = ok(&["prepare", "--tokenizer", "char", "--input", "a.txt", "--out", "a"], w);
+    assert!(out.contains("read 1 byte from 1 file"), "{out}");
+    assert!(out.contains("1 document, 2 tokens (1 train + 1 val)"), "{out}");
+}
+
+/// `--data TEXT` over a run directory whose `data/` holds a dataset prepared from another text
+/// (perhaps by the user, with `ember prepare --out RUN_DIR/data`): refused, naming both, until
+/// `--force`; errors about the data name `--data` as given.
+#[test]
+fn a_dataset_prepared_from_another_text_is_replaced_only_with_force() {
+    let dir = workdir();
+    let w = dir.path();
+    std::fs::write(w.join("other.txt"), "ROMEO:\nAnother text entirely, of another play.\n").unwrap();
+    ok(&["prepare", "--tokenizer", "char", "--input", "other.txt", "--out", "run/data"], w);
+    let meta = std::fs::read(w.join("run/data/meta.json")).unwrap();
+    let err =
+        fails(&["train", "--config", "tiny.toml", "--run-dir", "run", "--data", "corpus.txt", "--no-tui"], w);
+    assert_eq!(
+        err.trim_end(),
+        "error: --data corpus.txt: key `data`: run/data holds a dataset prepared from another text than corpus.txt (see its meta.json `sources`), which preparing corpus.txt would replace: pass --force to replace it, or choose another --run-dir"
+    );
+    assert_eq!(std::fs::read(w.join("run/data/meta.json")).unwrap(), meta, "the dataset is untouched");
+    let out = ok(
+        &[
+            "train",
+            "--config",
+            "tiny.toml",
+            "--run-dir",
+            "run",
+            "--data",
+            "corpus.txt",
+            "--force",
+            "--set",
+            "max_steps=1",
+            "--no-tui",
+        ],
+        w,
+    );
+    assert!(
+        out.contains("run/data was prepared from another text: preparing corpus.txt again (--force)"),
+        "{out}"
+    );
+    let err = fails(&["train", "--config", "tiny.toml", "--run-dir", "bad", "--data", "nowhere"], w);
+    assert_eq!(
+        err.trim_end(),
+        "error: --data nowhere: key `data`: nowhere: no such file or directory; expected a prepared data directory (`ember prepare --out DIR`) or a UTF-8 text file"
+    );
+}

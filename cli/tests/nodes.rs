@@ -239,3 +239,40 @@ fn nodes_with_other_settings_stop_at_the_first_step(other: &[&str]) {
         );
     }
 }
+
+/// A multi-node job requeued after its last checkpoint: every node finds its run finished,
+/// exits 0 without joining the others, and leaves its run directory as it was.
+#[test]
+fn requeued_nodes_of_a_finished_run_all_exit_0_without_training() {
+    let dir = workdir();
+    let w = dir.path();
+    ok(&["train", "--config", "tiny.toml", "--run-dir", "runs/done", "--no-tui"], w);
+    for rank in 0..2 {
+        // Each node holds the checkpoint in its own run directory.
+        let status =
+            Command::new("cp").args(["-r", "runs/done", &format!("runs/node{rank}")]).current_dir(w).status();
+        assert!(status.unwrap().success());
+    }
+    let before = std::fs::read(w.join("runs/node0/metrics.jsonl")).unwrap();
+    let coordinator = format!("127.0.0.1:{}", free_ports());
+    let nodes: Vec<Child> = (0..2)
+        .map(|rank| {
+            let (run_dir, rank) = (format!("runs/node{rank}"), rank.to_string());
+            Command::new(env!("CARGO_BIN_EXE_ember"))
+                .args(["train", "--resume", &run_dir, "--nodes", "2", "--node-rank", &rank])
+                .args(["--coordinator", &coordinator, "--no-tui"])
+                .current_dir(w)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (rank, child) in nodes.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "node {rank}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains("already finished at step 6 (max_steps = 6)"), "node {rank}: {stdout}");
+    }
+    assert_eq!(std::fs::read(w.join("runs/node0/metrics.jsonl")).unwrap(), before);
+}

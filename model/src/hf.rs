@@ -172,16 +172,41 @@ fn store_err(path: &Path) -> impl Fn(burn_store::SafetensorsStoreError) -> HfErr
     move |e| HfError::Store { path: path.into(), message: e.to_string() }
 }
 
-/// Loads Hugging Face weights from `path` into `model` (which fixes the architecture and the
-/// shapes). Every tensor of the model must be in the file.
+/// The safetensors file of Hugging Face weights at `path`: the file itself, or a directory's
+/// `model.safetensors` (as `ember export` and Hugging Face's `save_pretrained` write it).
 ///
-/// Errors: an unreadable file; [`HfError::Mismatch`] listing each missing, unexpected and
+/// Errors: nothing at `path`; a directory without `model.safetensors` (e.g. an Ember run
+/// directory: export its weights first); something that is neither a file nor a directory.
+pub fn weights_file(path: &Path) -> Result<PathBuf, HfError> {
+    let error = |message: &str| HfError::Store { path: path.into(), message: message.into() };
+    match std::fs::metadata(path) {
+        Err(_) => Err(error("no such file")),
+        Ok(m) if m.is_file() => Ok(path.into()),
+        Ok(m) if m.is_dir() => {
+            let file = path.join(WEIGHTS_FILE);
+            match file.is_file() {
+                true => Ok(file),
+                false => Err(error(
+                    "a directory without model.safetensors: expected Hugging Face weights, a .safetensors file or a directory holding model.safetensors (to start from an Ember run, write its weights with `ember export --run RUN_DIR --out DIR` and use DIR)",
+                )),
+            }
+        }
+        Ok(_) => Err(error("not a regular file: expected Hugging Face weights (a .safetensors file or a directory holding model.safetensors)")),
+    }
+}
+
+/// The weights' file name in a Hugging Face model directory.
+pub const WEIGHTS_FILE: &str = "model.safetensors";
+
+/// Loads Hugging Face weights from `path` (a safetensors file, or a directory holding
+/// `model.safetensors`: see [`weights_file`]) into `model` (which fixes the architecture and
+/// the shapes). Every tensor of the model must be in the file.
+///
+/// Errors: no weights at `path` ([`weights_file`]); an unreadable file; [`HfError::Mismatch`] listing each missing, unexpected and
 /// mis-shaped tensor by its Hugging Face name.
 pub fn load<B: Backend>(mut model: LanguageModel<B>, path: &Path) -> Result<LanguageModel<B>, HfError> {
-    if !path.is_file() {
-        let message = if path.exists() { "not a regular file" } else { "no such file" };
-        return Err(HfError::Store { path: path.into(), message: message.into() });
-    }
+    let file = weights_file(path)?;
+    let path = file.as_path();
     let mut store = to_burn_names(&model)
         .iter()
         .fold(SafetensorsStore::from_file(path), |s, (from, to)| s.with_key_remapping(*from, *to))
@@ -267,6 +292,8 @@ pub fn named_tensors<B: Backend>(model: &LanguageModel<B>) -> Result<Vec<(String
 ///
 /// Errors: an unreadable file, or one without a token embedding.
 pub fn vocab_size(path: &Path) -> Result<usize, HfError> {
+    let file = weights_file(path)?;
+    let path = file.as_path();
     let mut store = SafetensorsStore::from_file(path);
     for name in ["transformer.wte.weight", "wte.weight", "model.embed_tokens.weight"] {
         if let Some(snapshot) = store.get_snapshot(name).map_err(store_err(path))? {

@@ -109,6 +109,14 @@ impl ModelConfig {
         }
     }
 
+    /// Transformer blocks.
+    pub fn n_layer(&self) -> usize {
+        match self {
+            ModelConfig::Gpt2(c) => c.n_layer,
+            ModelConfig::Llama(c) => c.n_layer,
+        }
+    }
+
     /// Parameter count of the model it builds.
     pub fn num_params(&self) -> usize {
         match self {

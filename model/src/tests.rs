@@ -416,6 +416,33 @@ mod hf_weights {
         assert!(err.to_string().contains("/no/such/model.safetensors"), "{err}");
     }
 
+    /// A directory is read as a Hugging Face model directory (its `model.safetensors`); one
+    /// without it is said to be so, not an OS error of reading a directory as a file.
+    #[test]
+    fn a_directory_means_its_model_safetensors() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "not weights").unwrap();
+        for err in [
+            hf::vocab_size(dir.path()).unwrap_err(),
+            hf::load(model(gpt_tiny()), dir.path()).map(|_| ()).unwrap_err(),
+        ] {
+            let text = err.to_string();
+            assert!(
+                text.contains("a directory without model.safetensors") && !text.contains("os error"),
+                "{text}"
+            );
+        }
+        let _seed = seeded(24);
+        let config = GptConfig { vocab_size: 70, ..GptConfig::preset("tiny").unwrap() };
+        let saved = dir.path().join(hf::WEIGHTS_FILE);
+        hf::save(&model(ModelConfig::Gpt2(config.clone())), &saved).unwrap();
+        assert_eq!(hf::vocab_size(dir.path()).unwrap(), 70);
+        let loaded = hf::load(model(ModelConfig::Gpt2(config)), dir.path()).unwrap();
+        let again = dir.path().join("again.safetensors");
+        hf::save(&loaded, &again).unwrap();
+        assert_eq!(std::fs::read(&saved).unwrap(), std::fs::read(&again).unwrap(), "the directory's weights");
+    }
+
     #[test]
     fn the_pytorch_fixture_loads_and_round_trips_bit_identically() {
         let Some(shared) = std::env::var_os("EMBER_SHARED") else {

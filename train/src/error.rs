@@ -57,9 +57,10 @@ pub enum TrainError {
         found: String,
     },
     /// The run directory holds files a new run would write (`config.toml`, `metrics.jsonl`,
-    /// …) that no earlier Ember run wrote there, such as the user's own config.
+    /// …) that are not exactly what an earlier Ember run wrote there, such as the user's own
+    /// config or an Ember config edited by hand.
     #[error(
-        "{path} holds {files}, which no earlier Ember run wrote there and a new run would overwrite: choose another --run-dir, or move {} away",
+        "{path} holds {files}, which no earlier Ember run wrote there as they are now (yours, or edited since) and a new run would overwrite: choose another --run-dir, or move {} away",
         if files.contains(", ") { "them" } else { "it" }
     )]
     RunDirForeign {

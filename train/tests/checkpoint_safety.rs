@@ -121,11 +121,11 @@ fn resume_and_eval_load_the_newest_complete_checkpoint_after_a_kill_at_any_stage
         }, 2, None),
         ("renamed, latest not moved", |r| {
             fs::write(ckpt(r, "latest"), "step-00000002").unwrap();
-        }, 4, None),
+        }, 4, Some("checkpoints/latest names step-00000002; using step-00000004, a newer complete checkpoint")),
         ("renamed, latest's temp file written but not renamed", |r| {
             fs::write(ckpt(r, "latest"), "step-00000002").unwrap();
             fs::write(ckpt(r, ".tmpAbC123"), "step-00000004").unwrap();
-        }, 4, None),
+        }, 4, Some("checkpoints/latest names step-00000002; using step-00000004, a newer complete checkpoint")),
         ("no latest at all", |r| fs::remove_file(ckpt(r, "latest")).unwrap(), 4, None),
         // An earlier Ember wrote the config after moving `latest`: killed in between.
         ("latest names a directory without its config or manifest", |r| {
@@ -134,7 +134,7 @@ fn resume_and_eval_load_the_newest_complete_checkpoint_after_a_kill_at_any_stage
         }, 2, Some("skipped checkpoints/step-00000004: incomplete (no manifest.json: the run stopped while writing it); using step-00000002")),
         ("latest names a directory that is not there", |r| {
             fs::write(ckpt(r, "latest"), "step-00000006").unwrap();
-        }, 4, None),
+        }, 4, Some("checkpoints/latest names step-00000006, which is missing; using step-00000004")),
     ];
     for (i, (stage, make, expected, skip_line)) in stages.into_iter().enumerate() {
         let run_dir = dir.path().join(format!("stage{i}"));

@@ -255,8 +255,20 @@ fn a_text_file_given_again_is_checked_against_the_run_dirs_prepared_copy() {
     // A run on a.txt that left no checkpoint (RUN_DIR/data holds a.txt's tokens).
     run(RunOptions::new(config(&a, "max_steps=1"), &run_dir)).unwrap();
     std::fs::remove_dir_all(run_dir.join("checkpoints")).unwrap();
-    // Started over with b.txt: prepared again, not trained on a.txt's stale tokens.
-    let lines = run(RunOptions::new(config(&b, "max_steps=2"), &run_dir)).unwrap();
+    // Started over with b.txt: RUN_DIR/data may be a dataset the user prepared there, so it
+    // is replaced only with --force, and left as it was without.
+    let before = std::fs::read(run_dir.join("data/meta.json")).unwrap();
+    let err = run(RunOptions::new(config(&b, "max_steps=2"), &run_dir)).unwrap_err().to_string();
+    let data_dir = run_dir.join("data").display().to_string();
+    assert!(
+        err.contains(&format!("{data_dir} holds a dataset prepared from another text than {}", b.display()))
+            && err.contains("pass --force to replace it"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(run_dir.join("data/meta.json")).unwrap(), before, "refused: untouched");
+    let mut forced = RunOptions::new(config(&b, "max_steps=2"), &run_dir);
+    forced.force = true;
+    let lines = run(forced).unwrap();
     assert!(lines.iter().any(|l| l.contains("was prepared from another text: preparing")), "{lines:?}");
     let meta = ember_data::Meta::read(&run_dir.join("data")).unwrap();
     assert!(meta.sources[0].path.ends_with("b.txt"), "{:?}", meta.sources);
@@ -267,15 +279,22 @@ fn a_text_file_given_again_is_checked_against_the_run_dirs_prepared_copy() {
     run(RunOptions::new(config(&b, "max_steps=3"), &run_dir).resuming()).unwrap();
 }
 
+/// Prepared data in `dir` and `dir/run`, a run of it that stopped before its first checkpoint
+/// (its checkpoints removed): (data, run directory).
+fn stopped_before_its_first_checkpoint(dir: &Path) -> (PathBuf, PathBuf) {
+    let data = prepared_corpus(dir);
+    let run_dir = dir.join("run");
+    run(RunOptions::new(tiny_config(&data, &["max_steps=1"]), &run_dir)).unwrap();
+    std::fs::remove_dir_all(run_dir.join("checkpoints")).unwrap();
+    (data, run_dir)
+}
+
 #[test]
 fn a_new_run_replaces_only_the_files_of_an_earlier_run_without_a_checkpoint() {
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
-    let data = prepared_corpus(dir.path());
     // An earlier run that stopped before its first checkpoint: its files are replaced.
-    let run_dir = dir.path().join("run");
-    run(RunOptions::new(tiny_config(&data, &["max_steps=1"]), &run_dir)).unwrap();
-    std::fs::remove_dir_all(run_dir.join("checkpoints")).unwrap();
+    let (data, run_dir) = stopped_before_its_first_checkpoint(dir.path());
     let lines = run(RunOptions::new(tiny_config(&data, &["max_steps=1"]), &run_dir)).unwrap();
     assert!(
         lines.iter().any(|l| l.contains("stopped before its first checkpoint: starting over")),
@@ -313,9 +332,89 @@ fn a_new_run_replaces_only_the_files_of_an_earlier_run_without_a_checkpoint() {
     assert!(err.to_string().contains("holds metrics.jsonl,"), "{err}");
     assert_eq!(std::fs::read_to_string(other.join("metrics.jsonl")).unwrap(), mixed);
     std::fs::remove_file(other.join("metrics.jsonl")).unwrap();
-    std::fs::copy(run_dir.join("config.toml"), other.join("config.toml")).unwrap();
+    for name in ["config.toml", "written.json"] {
+        std::fs::copy(run_dir.join(name), other.join(name)).unwrap();
+    }
     std::fs::write(other.join("data_meta.json"), "{\"mine\": 1}").unwrap();
     let err = run(RunOptions::new(tiny_config(&data, &["max_steps=1"]), &other)).unwrap_err();
     assert!(err.to_string().contains("holds data_meta.json, which"), "{err}");
     assert_eq!(std::fs::read_to_string(other.join("data_meta.json")).unwrap(), "{\"mine\": 1}");
+}
+
+/// Ember records the SHA-256 of the config.toml it wrote (`written.json`): a config edited
+/// by hand in one value — still a valid config that Ember could have written — is the user's.
+#[test]
+fn an_ember_config_edited_in_one_value_is_the_users_and_kept() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (data, run_dir) = stopped_before_its_first_checkpoint(dir.path());
+    let path = run_dir.join("config.toml");
+    let edited = std::fs::read_to_string(&path).unwrap().replace("seed = 1337", "seed = 1338");
+    assert!(edited.contains("seed = 1338"), "{edited}");
+    std::fs::write(&path, &edited).unwrap();
+    // Exactly what Ember writes for the edited config: only the record tells them apart.
+    assert_eq!(RunConfig::load(&path, &[]).unwrap().to_toml(), edited);
+    let metrics = std::fs::read(run_dir.join("metrics.jsonl")).unwrap();
+    let err = run(RunOptions::new(tiny_config(&data, &["max_steps=1"]), &run_dir)).unwrap_err();
+    assert!(matches!(err, TrainError::RunDirForeign { .. }), "{err}");
+    assert!(
+        err.to_string().contains("holds config.toml, which no earlier Ember run wrote there as they are now"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), edited, "the edit is kept");
+    assert_eq!(std::fs::read(run_dir.join("metrics.jsonl")).unwrap(), metrics, "nothing else changed");
+    // Put back as Ember wrote it, the run starts over.
+    std::fs::write(&path, edited.replace("seed = 1338", "seed = 1337")).unwrap();
+    run(RunOptions::new(tiny_config(&data, &["max_steps=1"]), &run_dir)).unwrap();
+}
+
+/// Every file of a run directory, by relative path, with its bytes.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                files.push((path.strip_prefix(dir).unwrap().to_path_buf(), std::fs::read(&path).unwrap()));
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// A requeued job resumes a run that already reached `max_steps`: it succeeds with nothing to
+/// train and leaves every file byte for byte as it was, every time; raising max_steps still
+/// continues. Also with several replicas.
+#[test]
+fn resuming_a_finished_run_succeeds_and_changes_nothing() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let data = prepared_corpus(dir.path());
+    for devices in ["devices=1", "devices=2"] {
+        let run_dir = dir.path().join(devices);
+        run(RunOptions::new(tiny_config(&data, &["max_steps=2", devices]), &run_dir)).unwrap();
+        let before = snapshot(&run_dir);
+        for _ in 0..2 {
+            let config = RunConfig::load(&run_dir.join("config.toml"), &[]).unwrap();
+            let mut lines = Vec::new();
+            let summary =
+                train::<B>(RunOptions::new(config, &run_dir).resuming(), Default::default(), &mut |l| {
+                    lines.push(l.to_string())
+                })
+                .unwrap();
+            assert!(summary.already_finished && summary.steps == 2, "{devices}: {summary:?}");
+            assert!(!summary.stopped_early, "{devices}");
+            assert!(lines.iter().all(|l| !l.starts_with("step ")), "{devices}: nothing trained: {lines:?}");
+            assert_eq!(snapshot(&run_dir), before, "{devices}: every file byte-identical");
+        }
+        let config = RunConfig::load(&run_dir.join("config.toml"), &["max_steps=3".into()]).unwrap();
+        let summary =
+            train::<B>(RunOptions::new(config, &run_dir).resuming(), Default::default(), &mut |_| {})
+                .unwrap();
+        assert!(!summary.already_finished && summary.steps == 3, "{devices}: {summary:?}");
+    }
 }

@@ -2,6 +2,7 @@
 //! It reads the run's `metrics.jsonl` as it grows, so a live run and a finished one look the
 //! same; rendering runs at most 10 frames/s on the UI thread, apart from training.
 
+pub mod hangup;
 pub mod state;
 pub mod view;
 
@@ -131,7 +132,14 @@ pub fn open_terminal() -> anyhow::Result<ratatui::DefaultTerminal> {
 /// Runs the dashboard in `terminal` until the user quits (watching) or the run ends and the
 /// user presses a key (training). Returns the dashboard's final state.
 ///
-/// Errors: terminal I/O.
+/// It also leaves, without waiting for a key:
+/// - when a stop of the training was requested by anything but its own `q` (Ctrl-C, SIGTERM,
+///   SIGHUP: the run checkpoints and ends without anyone at the keyboard);
+/// - when the terminal is gone (hung up, end of input, an error writing or reading it: an SSH
+///   disconnect, `tmux kill-session`), after asking the training to stop with a checkpoint.
+///   Each frame checks for it, so no wait spins on a terminal that can never answer.
+///
+/// Errors: none from the terminal itself (a terminal that fails is a terminal gone).
 pub fn run(
     terminal: &mut DefaultTerminal,
     mut d: Dashboard,
@@ -139,8 +147,26 @@ pub fn run(
 ) -> std::io::Result<Dashboard> {
     d.controls_training = a.controls.is_some();
     let frame = Duration::from_millis(1000 / FPS);
+    // Whether this dashboard's own `q` asked the training to stop (a stop from elsewhere
+    // leaves at once).
+    let mut asked_to_stop = false;
+    let keyboard = hangup::KeyboardTerminal::open();
+    let gone = |d: Dashboard, a: &Attached<'_>| {
+        if let Some(c) = &a.controls {
+            c.stop.store(true, Ordering::SeqCst);
+        }
+        Ok(d)
+    };
     loop {
         let started = Instant::now();
+        if let Some(c) = &a.controls {
+            if c.stop_requested() && !asked_to_stop {
+                return Ok(d);
+            }
+        }
+        if keyboard.hung_up() {
+            return gone(d, &a);
+        }
         for record in a.tail.poll() {
             if a.logs.is_none() {
                 // Watching files: the log panel shows the records.
@@ -161,13 +187,25 @@ pub fn run(
             d.finished = (a.finished)(&d);
         }
         let drawing = Instant::now();
-        terminal.draw(|f| view::draw(f, &d))?;
+        if terminal.draw(|f| view::draw(f, &d)).is_err() {
+            return gone(d, &a); // EIO: the terminal hung up
+        }
         d.frames = (d.frames.0 + 1, d.frames.1 + drawing.elapsed().as_secs_f64());
         while let Some(remaining) = frame.checked_sub(started.elapsed()) {
-            if !event::poll(remaining)? {
-                break;
+            // Waits on the terminal itself: crossterm 0.29's poll spins forever, ignoring its
+            // timeout, once the terminal has hung up (its reads return 0 bytes or EIO).
+            match keyboard.wait(remaining) {
+                hangup::Input::None => break,
+                hangup::Input::HungUp => return gone(d, &a),
+                hangup::Input::Ready => {}
             }
-            let Event::Key(key) = event::read()? else { continue };
+            match event::poll(Duration::ZERO) {
+                Ok(false) => continue,
+                Ok(true) => {}
+                Err(_) => return gone(d, &a),
+            }
+            let Ok(event) = event::read() else { return gone(d, &a) };
+            let Event::Key(key) = event else { continue };
             if key.kind != KeyEventKind::Press {
                 continue;
             }
@@ -190,6 +228,7 @@ pub fn run(
                     if c.stop.swap(true, Ordering::SeqCst) {
                         return Ok(d); // a second q: leave the dashboard; training stops after its step
                     }
+                    asked_to_stop = true;
                     d.log("stopping after this step with a checkpoint (q again to leave the dashboard)");
                 }
                 (Action::Checkpoint, Some(c)) => {

@@ -1,10 +1,11 @@
-//! Where `prepare` may write: a new or empty directory, or one holding an Ember dataset (which
-//! only `force` replaces) — never a directory of someone else's files. Only Ember's own files
-//! are ever removed.
+//! Where `prepare` may write: a new or empty directory, or one holding a provable Ember dataset
+//! (which only `force` replaces) — never a directory of someone else's files, nor files that
+//! merely bear Ember's names. Only Ember's own files are ever removed.
 
 use std::path::{Path, PathBuf};
 
-use crate::meta::{DOCUMENTS_FILE, META_FILE, PROMPTS_FILE};
+use super::writer::{Replacing, REPLACING_FILE};
+use crate::meta::{Meta, DOCUMENTS_FILE, META_FILE, PROMPTS_FILE};
 use crate::tokenizer::HF_TOKENIZER_FILE;
 use crate::DataError;
 
@@ -16,10 +17,13 @@ const LISTED: usize = 8;
 ///
 /// - `out` missing, or holding nothing but files in `keep` (the inputs, e.g. a corpus
 ///   downloaded into `out`): allowed.
-/// - `out` holds an Ember dataset (an Ember `meta.json`, or only Ember's token shards and
-///   indexes, as an interrupted replacement leaves them, with or without a damaged
-///   `meta.json` beside at least one shard): allowed with `force`, which replaces
-///   that dataset's files and keeps every other file.
+/// - `out` holds a provable Ember dataset: files that a valid Ember `meta.json` lists, or that
+///   the record of an interrupted replacement (`.ember-replacing.json`, see
+///   [`super::writer::commit`]) names: allowed with `force`, which replaces that dataset's
+///   files and keeps every other file.
+/// - Files that merely have an Ember dataset's names (`tokens-00000.bin`, `documents.bin`)
+///   that nothing valid lists, even beside a damaged `meta.json`: refused, with or without
+///   `force` — they may be anybody's.
 /// - Anything else (e.g. nanoGPT's `train.bin`, `val.bin`, `meta.pkl`): refused, naming the
 ///   files found; nothing is written or removed.
 ///
@@ -54,20 +58,36 @@ pub fn check_output_dir(
     if names.is_empty() {
         return Ok(Vec::new());
     }
-    let dataset_file = |n: &String| is_shard(n) || n == DOCUMENTS_FILE || n == PROMPTS_FILE;
-    let damaged_meta = |n: &String| n == META_FILE && names.iter().any(|m| is_shard(m));
-    let owned = match ember_meta(out) {
-        Some(meta) => owned_by_meta(&meta),
-        None if names.iter().all(|n| dataset_file(n) || damaged_meta(n)) => names.clone(),
-        None => {
-            return Err(refuse(format!(
-                "it is not empty and holds no Ember dataset (found {}); nothing was written or \
-                 removed: choose a new or empty directory",
-                list(&names)
-            )))
-        }
-    };
-    let ours: Vec<String> = names.iter().filter(|n| owned.contains(n) || is_shard(n)).cloned().collect();
+    // What is provably Ember's: listed by a valid meta.json, or by a replacement's record.
+    let mut owned: Vec<String> = ember_meta(out).map(|meta| owned_by_meta(&meta)).unwrap_or_default();
+    if let Some(record) = Replacing::read(out) {
+        owned.extend(record.names().map(String::from));
+    }
+    let ours: Vec<String> = names.iter().filter(|n| owned.contains(n)).cloned().collect();
+    let lookalikes: Vec<String> = names
+        .iter()
+        .filter(|n| !owned.contains(n))
+        .filter(|n| is_shard(n) || [DOCUMENTS_FILE, PROMPTS_FILE, REPLACING_FILE].contains(&n.as_str()))
+        .cloned()
+        .collect();
+    if !lookalikes.is_empty() {
+        return Err(refuse(format!(
+            "it holds {}, which {} an Ember dataset's names but no valid meta.json lists: not \
+             provably an Ember dataset, so nothing was written or removed, even with --force; \
+             remove {} yourself if {} yours to discard, or choose another directory",
+            list(&lookalikes),
+            if lookalikes.len() == 1 { "has" } else { "have" },
+            if lookalikes.len() == 1 { "it" } else { "them" },
+            if lookalikes.len() == 1 { "it is" } else { "they are" },
+        )));
+    }
+    if ours.is_empty() {
+        return Err(refuse(format!(
+            "it is not empty and holds no Ember dataset (found {}); nothing was written or \
+             removed: choose a new or empty directory",
+            list(&names)
+        )));
+    }
     if !force {
         return Err(refuse(format!(
             "it already holds an Ember dataset ({}); pass --force to replace it (files that are \
@@ -84,15 +104,19 @@ pub fn check_output_dir(
              overwritten; move it away or choose another directory"
         )));
     }
-    Ok(ours.into_iter().map(|n| out.join(n)).collect())
+    // The record goes with the dataset it describes (a new one is written for this replacement).
+    Ok(ours.into_iter().filter(|n| n != REPLACING_FILE).map(|n| out.join(n)).collect())
 }
 
-/// `out/meta.json` as JSON, if it is Ember's (an object with an integer `format_version`).
+/// `out/meta.json`, if it is a valid Ember `meta.json`: of this format, a whole [`Meta`] whose
+/// counts agree; of format 1, an object with `format_version` 1 (its files are known by name).
 fn ember_meta(out: &Path) -> Option<serde_json::Value> {
     let text = std::fs::read(out.join(META_FILE)).ok()?;
     let meta: serde_json::Value = serde_json::from_slice(&text).ok()?;
-    meta.get("format_version")?.as_u64()?;
-    Some(meta)
+    match meta.get("format_version")?.as_u64()? {
+        1 => Some(meta),
+        _ => Meta::read(out).is_ok().then_some(meta),
+    }
 }
 
 /// The files an Ember `meta.json` accounts for: itself, its shards and indexes, an hf

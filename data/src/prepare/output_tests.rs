@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use super::check_output_dir;
 use crate::prepare::tests::names;
+use crate::prepare::writer::Replacing;
 use crate::{prepare, DataError, PrepareOptions, TokenizerKind};
 
 fn write(path: &Path, bytes: &[u8]) -> PathBuf {
@@ -87,29 +88,67 @@ fn inputs_inside_the_output_directory_do_not_count_and_are_kept() {
     assert_eq!(std::fs::read(&input).unwrap(), b"to be");
 }
 
+/// Files that only bear Ember's names are not provably a dataset: refused even with --force,
+/// with or without a damaged meta.json beside them; what an interrupted replacement leaves
+/// is named by its record and is replaced with --force.
 #[test]
-fn leftovers_of_an_interrupted_replacement_need_force() {
+fn only_files_a_valid_meta_or_a_replacement_record_lists_are_replaced() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     write(&out.join("tokens-00000.bin"), b"\x00\x00");
     write(&out.join("documents.bin"), b"");
-    let err = check_output_dir(&out, false, &[], false).unwrap_err().to_string();
-    assert!(err.contains("already holds an Ember dataset (documents.bin, tokens-00000.bin)"), "{err}");
+    for force in [false, true] {
+        let err = check_output_dir(&out, force, &[], false).unwrap_err().to_string();
+        assert!(
+            err.contains("it holds documents.bin, tokens-00000.bin, which have an Ember dataset's names but no valid meta.json lists")
+                && err.contains("even with --force"),
+            "{err}"
+        );
+    }
+    write(&out.join("meta.json"), b"garbage");
+    assert!(check_output_dir(&out, true, &[], false).is_err(), "a damaged meta.json proves nothing");
+    // A meta.json of the right shape that does not list a shard beside it.
+    let input = write(&tmp.path().join("corpus.txt"), b"hello");
+    let real = tmp.path().join("real");
+    prepare(&opts(&input, &real)).unwrap();
+    std::fs::copy(real.join("meta.json"), out.join("meta.json")).unwrap();
+    write(&out.join("tokens-00001.bin"), b"\x00\x00");
+    let err = check_output_dir(&out, true, &[], false).unwrap_err().to_string();
+    assert!(err.contains("it holds tokens-00001.bin, which has an Ember dataset's names"), "{err}");
+    std::fs::remove_file(out.join("tokens-00001.bin")).unwrap();
     let mut replaced = check_output_dir(&out, true, &[], false).unwrap();
     replaced.sort();
-    assert_eq!(replaced, [out.join("documents.bin"), out.join("tokens-00000.bin")]);
-    // A damaged meta.json beside the shards: the same dataset, replaced with --force.
-    write(&out.join("meta.json"), b"garbage");
+    assert_eq!(replaced, [out.join("documents.bin"), out.join("meta.json"), out.join("tokens-00000.bin")]);
+
+    // A replacement interrupted after removing the old meta.json: its record names the files.
+    std::fs::remove_file(out.join("meta.json")).unwrap();
+    let record = Replacing {
+        removed: vec!["meta.json".into(), "tokens-00000.bin".into()],
+        added: vec!["documents.bin".into()],
+    };
+    record.write(&out).unwrap();
     let err = check_output_dir(&out, false, &[], false).unwrap_err().to_string();
     assert!(
-        err.contains("already holds an Ember dataset (documents.bin, meta.json, tokens-00000.bin)"),
+        err.contains(
+            "already holds an Ember dataset (.ember-replacing.json, documents.bin, tokens-00000.bin)"
+        ),
         "{err}"
     );
-    assert_eq!(check_output_dir(&out, true, &[], false).unwrap().len(), 3);
-    // A meta.json without any shard is not taken for a dataset.
-    std::fs::remove_file(out.join("tokens-00000.bin")).unwrap();
-    let err = check_output_dir(&out, true, &[], false).unwrap_err().to_string();
-    assert!(err.contains("holds no Ember dataset"), "{err}");
+    let mut replaced = check_output_dir(&out, true, &[], false).unwrap();
+    replaced.sort();
+    assert_eq!(
+        replaced,
+        [out.join("documents.bin"), out.join("tokens-00000.bin")],
+        "the record is rewritten, not listed"
+    );
+    let mut o = opts(&input, &out);
+    o.force = true;
+    prepare(&o).unwrap();
+    assert_eq!(
+        names(&out),
+        ["documents.bin", "meta.json", "tokens-00000.bin"],
+        "record gone after a whole replacement"
+    );
 }
 
 #[test]

@@ -167,11 +167,13 @@ pub(crate) struct Finished {
 }
 
 /// Writes `meta_json` into the staging directory and moves everything into `out`:
-/// if `out` does not exist, the staging directory is renamed to it (atomic); otherwise
-/// `out/meta.json` is removed first (so a crash leaves no meta.json that disagrees with the
-/// files beside it), then the previous dataset's files (`replaced`, from
-/// [`super::check_output_dir`]), the new files are renamed in, and meta.json last. Other files
-/// in `out` (e.g. a downloaded corpus) are kept.
+/// if `out` does not exist, the staging directory is renamed to it (atomic); otherwise a
+/// replacement record (`.ember-replacing.json`, naming every file removed and moved in) is
+/// written first, so that what a crash leaves is still provably Ember's
+/// ([`super::check_output_dir`]); then `out/meta.json` is removed (so a crash leaves no
+/// meta.json that disagrees with the files beside it), the previous dataset's files
+/// (`replaced`), the new files are renamed in, meta.json last, and the record is removed.
+/// Other files in `out` (e.g. a downloaded corpus) are kept.
 ///
 /// Errors: [`DataError::Io`] naming the file that could not be written, removed or renamed.
 pub(crate) fn commit(
@@ -193,6 +195,18 @@ pub(crate) fn commit(
             DataError::io("cannot rename the staging directory onto", out, e)
         });
     }
+    let staged: Vec<std::ffi::OsString> = std::fs::read_dir(staging.path())
+        .map_err(|e| DataError::io("cannot list", staging.path(), e))?
+        .map(|entry| {
+            entry.map(|e| e.file_name()).map_err(|e| DataError::io("cannot list", staging.path(), e))
+        })
+        .collect::<Result<_, _>>()?;
+    let name = |p: &std::ffi::OsStr| p.to_string_lossy().into_owned();
+    let record = Replacing {
+        removed: replaced.iter().filter_map(|p| p.file_name()).map(name).collect(),
+        added: staged.iter().map(|n| name(n)).collect(),
+    };
+    record.write(out)?;
     let old_meta = out.join(META_FILE);
     if replaced.contains(&old_meta) {
         std::fs::remove_file(&old_meta).map_err(|e| DataError::io("cannot remove old", &old_meta, e))?;
@@ -200,17 +214,46 @@ pub(crate) fn commit(
     for path in replaced.iter().filter(|p| **p != old_meta) {
         std::fs::remove_file(path).map_err(|e| DataError::io("cannot remove old", path, e))?;
     }
-    let staged =
-        std::fs::read_dir(staging.path()).map_err(|e| DataError::io("cannot list", staging.path(), e))?;
-    for entry in staged {
-        let entry = entry.map_err(|e| DataError::io("cannot list", staging.path(), e))?;
-        if entry.file_name() != META_FILE {
-            let dest = out.join(entry.file_name());
-            std::fs::rename(entry.path(), &dest)
-                .map_err(|e| DataError::io("cannot rename into place", &dest, e))?;
-        }
+    for file in staged.iter().filter(|n| *n != META_FILE) {
+        let dest = out.join(file);
+        std::fs::rename(staging.path().join(file), &dest)
+            .map_err(|e| DataError::io("cannot rename into place", &dest, e))?;
     }
     std::fs::rename(staging.path().join(META_FILE), &old_meta)
         .map_err(|e| DataError::io("cannot rename into place", &old_meta, e))?;
-    Ok(())
+    let path = out.join(REPLACING_FILE);
+    std::fs::remove_file(&path).map_err(|e| DataError::io("cannot remove", &path, e))
+}
+
+/// The replacement record's name in a prepared directory, there only while `prepare --force`
+/// replaces a dataset (and after a crash in the middle of it).
+pub const REPLACING_FILE: &str = ".ember-replacing.json";
+
+/// What a replacement of a dataset removes and moves in: the files it may leave behind if it
+/// is interrupted, each an Ember dataset's file.
+#[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Replacing {
+    /// The previous dataset's files, by name.
+    pub removed: Vec<String>,
+    /// The new dataset's files, by name (meta.json among them).
+    pub added: Vec<String>,
+}
+
+impl Replacing {
+    /// The record in `out`, if there is one that Ember wrote.
+    pub(crate) fn read(out: &Path) -> Option<Self> {
+        serde_json::from_slice(&std::fs::read(out.join(REPLACING_FILE)).ok()?).ok()
+    }
+
+    /// Writes the record into `out` (atomically, synced).
+    pub(crate) fn write(&self, out: &Path) -> Result<(), DataError> {
+        let json = serde_json::to_vec_pretty(self).expect("the record serializes");
+        crate::write_atomic(&out.join(REPLACING_FILE), &json)
+    }
+
+    /// Every file name it accounts for, itself included.
+    pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
+        self.removed.iter().chain(&self.added).map(String::as_str).chain([REPLACING_FILE])
+    }
 }

@@ -33,10 +33,10 @@ pub enum ConfigError {
         /// What is wrong and what was expected.
         message: String,
     },
-    /// A `--set` argument is not `key=value`.
-    #[error("--set {arg}: {message}")]
+    /// An override is not `key=value`.
+    #[error("{arg}: {message}")]
     Set {
-        /// The argument as given.
+        /// The override as the user gave it (`--set max_steps`).
         arg: String,
         /// What was expected.
         message: String,

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use super::error::ConfigError;
 use super::model::resolve_model;
-use super::schema::{set_key_parts, Origin, RunConfig, VocabSource};
+use super::schema::{set_key_parts, Origin, Override, RunConfig, VocabSource};
 
 impl RunConfig {
     /// Reads `path`, applies `overrides` (`key=value`, dotted keys, TOML values; a value that
@@ -15,20 +15,33 @@ impl RunConfig {
     /// Errors: unreadable file, bad TOML, unknown key, missing key, bad value, unknown preset —
     /// each naming the file and the key.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
+        Self::load_with(path, &Override::sets(overrides))
+    }
+
+    /// [`RunConfig::load`] with overrides that carry how the user gave them (a flag such as
+    /// `--nodes 2` that sets `parallel.nodes=2`), each named so in errors.
+    ///
+    /// Errors: as [`RunConfig::load`].
+    pub fn load_with(path: &Path, overrides: &[Override]) -> Result<Self, ConfigError> {
         let text =
             std::fs::read_to_string(path).map_err(|error| ConfigError::Read { path: path.into(), error })?;
-        Self::from_toml_str(&text, path, overrides)
+        Self::from_toml_str_with(&text, path, overrides)
     }
 
     /// Like [`RunConfig::load`] from TOML text; `path` names the source in errors and is kept
     /// in [`RunConfig::origin`].
     pub fn from_toml_str(text: &str, path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
+        Self::from_toml_str_with(text, path, &Override::sets(overrides))
+    }
+
+    /// [`RunConfig::from_toml_str`] with labelled overrides (see [`RunConfig::load_with`]).
+    pub fn from_toml_str_with(text: &str, path: &Path, overrides: &[Override]) -> Result<Self, ConfigError> {
         let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError::Syntax {
             path: path.into(),
             message: e.to_string(),
         })?;
-        for arg in overrides {
-            apply_override(&mut table, arg)?;
+        for o in overrides {
+            apply_override(&mut table, o)?;
         }
         // A bad value set with --set is reported as such, not as the file's.
         let origin = Origin { path: path.into(), overrides: overrides.to_vec(), vocab: VocabSource::Given };
@@ -67,8 +80,9 @@ impl RunConfig {
 }
 
 /// Applies one `key=value` override to the raw TOML table.
-fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError> {
-    let set_err = |message: &str| ConfigError::Set { arg: arg.into(), message: message.into() };
+fn apply_override(table: &mut toml::Table, o: &Override) -> Result<(), ConfigError> {
+    let arg = o.set.as_str();
+    let set_err = |message: &str| ConfigError::Set { arg: o.shown(), message: message.into() };
     let (key, raw) = arg.split_once('=').ok_or_else(|| set_err("expected key=value, e.g. max_steps=100"))?;
     let mut parts = set_key_parts(key);
     if parts.iter().any(|part| part.is_empty()) {

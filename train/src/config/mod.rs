@@ -24,7 +24,7 @@ mod vocab;
 pub use error::ConfigError;
 pub use parallel::{Devices, HostPort, ParallelConfig, Strategy};
 pub use schema::{
-    BackendKind, CheckpointingKind, OptimizerConfig, Origin, PrecisionKind, RunConfig, VocabSource,
+    BackendKind, CheckpointingKind, OptimizerConfig, Origin, Override, PrecisionKind, RunConfig, VocabSource,
 };
 pub use sentinel::{OnNonFinite, SentinelConfig, SpikeAction};
 

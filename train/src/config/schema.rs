@@ -322,10 +322,52 @@ mod defaults {
 pub struct Origin {
     /// The TOML file (for a resumed run, `RUN_DIR/config.toml`).
     pub path: PathBuf,
-    /// The `--set key=value` overrides applied over the file, in order.
-    pub overrides: Vec<String>,
+    /// The overrides applied over the file, in order, each with how the user gave it.
+    pub overrides: Vec<Override>,
     /// How `model.vocab_size` is settled (see [`RunConfig::resolve_vocab`]).
     pub vocab: VocabSource,
+}
+
+/// One `key=value` override of a configuration file, and how the user gave it, for messages:
+/// `--set max_steps=100`, or a flag that sets a key (`--nodes 2` sets `parallel.nodes=2`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Override {
+    /// `key=value` (a dotted key, a TOML value; a value that is not TOML is a string).
+    pub set: String,
+    /// What the user typed, named in errors: `--set key=value`, or the flag.
+    pub label: String,
+}
+
+impl Override {
+    /// A `--set key=value` argument.
+    pub fn set(arg: impl Into<String>) -> Self {
+        let set = arg.into();
+        Self { label: format!("--set {set}"), set }
+    }
+
+    /// A flag that sets `key=value`, named in errors as `label` (e.g. `--nodes 2`).
+    pub fn flag(set: impl Into<String>, label: impl Into<String>) -> Self {
+        Self { set: set.into(), label: label.into() }
+    }
+
+    /// `--set` overrides, one per `key=value` argument.
+    pub fn sets(args: &[String]) -> Vec<Self> {
+        args.iter().map(Self::set).collect()
+    }
+
+    /// The label as messages show it: whole up to [`Override::SHOWN`] characters, else its
+    /// start and its length (a 10,000-entry `devices` list is not echoed whole).
+    pub fn shown(&self) -> String {
+        let chars = self.label.chars().count();
+        if chars <= Self::SHOWN {
+            return self.label.clone();
+        }
+        let start: String = self.label.chars().take(Self::SHOWN - 20).collect();
+        format!("{start}… ({chars} characters)")
+    }
+
+    /// The longest label shown whole.
+    pub const SHOWN: usize = 120;
 }
 
 /// The dotted parts of a `--set` key, each trimmed (`model . n_head` is `model.n_head`): how
@@ -335,19 +377,19 @@ pub(super) fn set_key_parts(key: &str) -> Vec<&str> {
 }
 
 impl Origin {
-    /// Key `key` is wrong, `message` says how: an error naming the last `--set` that gave the
-    /// key (or a table above it, or a key inside it), else the file.
+    /// Key `key` is wrong, `message` says how: an error naming the last override that gave the
+    /// key (or a table above it, or a key inside it) as the user gave it, else the file.
     pub fn at(&self, key: &str, message: impl Into<String>) -> ConfigError {
         self.at_any(&[key], message)
     }
 
     /// `keys[0]` is wrong in a check that relates all of `keys` (e.g. `model.d_model` and
-    /// `model.n_head`), `message` says how: an error naming `keys[0]` and the last `--set` that
-    /// gave it, else the last that gave one of the other keys (or a table above one), else
+    /// `model.n_head`), `message` says how: an error naming `keys[0]` and the last override
+    /// that gave it, else the last that gave one of the other keys (or a table above one), else
     /// the file.
     pub fn at_any(&self, keys: &[&str], message: impl Into<String>) -> ConfigError {
-        let gives = |arg: &String, key: &str| {
-            arg.split_once('=').is_some_and(|(k, _)| {
+        let gives = |o: &Override, key: &str| {
+            o.set.split_once('=').is_some_and(|(k, _)| {
                 let k = set_key_parts(k).join(".");
                 // The key itself, a table above it, or a key inside it (`--set no.such.key=1`
                 // makes an unknown table `no`).
@@ -355,16 +397,16 @@ impl Origin {
             })
         };
         let last_giving =
-            |keys: &[&str]| self.overrides.iter().rev().find(|arg| keys.iter().any(|key| gives(arg, key)));
+            |keys: &[&str]| self.overrides.iter().rev().find(|o| keys.iter().any(|key| gives(o, key)));
         let set = last_giving(&keys[..1]).or_else(|| last_giving(keys));
-        let source: PathBuf = set.map_or_else(|| self.path.clone(), |arg| format!("--set {arg}").into());
+        let source: PathBuf = set.map_or_else(|| self.path.clone(), |o| o.shown().into());
         ConfigError::at(source, keys[0], message)
     }
 
     /// The configuration as given, for a check of the whole of it (memory, the model on
-    /// resume): the file, then each override (`config.toml with --set a=1 --set b=2`).
+    /// resume): the file, then each override as given (`config.toml with --set a=1 --nodes 2`).
     pub fn described(&self) -> String {
-        let sets: String = self.overrides.iter().map(|arg| format!(" --set {arg}")).collect();
+        let sets: String = self.overrides.iter().map(|o| format!(" {}", o.shown())).collect();
         let path = self.path.display();
         if sets.is_empty() {
             path.to_string()

@@ -320,3 +320,28 @@ fn precision_and_checkpointing_take_their_strings_only() {
         assert!(err.contains(expected), "{set}: {err}");
     }
 }
+
+/// An override given by a flag carries the flag's name into every message: a check of its key,
+/// a check between it and another key, the whole config's description, a malformed override.
+#[test]
+fn a_flag_override_is_named_as_the_user_gave_it() {
+    let load_with =
+        |overrides: &[Override]| RunConfig::from_toml_str_with(BASE, Path::new("run.toml"), overrides);
+    let nodes = Override::flag("parallel.nodes=2", "--nodes 2");
+    let rank = Override::flag("parallel.node_rank=5", "--node-rank 5");
+    let err = load_with(&[nodes.clone(), rank]).unwrap_err().to_string();
+    assert_eq!(err, "--node-rank 5: key `parallel.node_rank`: must be below parallel.nodes (2), got 5");
+    // The wrong key's own --set comes before the flag of the key it is checked against.
+    let err = load_with(&[Override::set("parallel.node_rank=7"), nodes.clone()]).unwrap_err().to_string();
+    assert!(err.starts_with("--set parallel.node_rank=7: key `parallel.node_rank`"), "{err}");
+    let config = load_with(&[Override::set("seed=3"), nodes]).unwrap();
+    assert_eq!(config.origin.described(), "run.toml with --set seed=3 --nodes 2");
+    let err = load_with(&[Override::flag("devices", "--devices")]).unwrap_err().to_string();
+    assert_eq!(err, "--devices: expected key=value, e.g. max_steps=100");
+    // A label over 120 characters is cut, with its length.
+    let long = Override::set(format!("devices=[{}]", vec!["0"; 100].join(",")));
+    let shown = long.shown();
+    // "--set " + "devices=[" + 100 zeros and 99 commas + "]"
+    assert!(shown.starts_with("--set devices=[0,0,") && shown.ends_with("0… (215 characters)"), "{shown}");
+    assert_eq!(shown.chars().count(), 100 + "… (215 characters)".chars().count());
+}

@@ -3,6 +3,7 @@
 
 use ember_model::ModelConfig;
 
+use super::parallel::Devices;
 use super::schema::{RunConfig, VocabSource};
 
 /// A run whose rough memory bound ([`RunConfig::check_magnitude`]) passes this many bytes
@@ -89,6 +90,20 @@ impl RunConfig {
                     self.devices.count()
                 ),
             ));
+        }
+        if let Devices::List(list) = &self.devices {
+            // Each replica owns its device; on the CPU a list's entries are still devices.
+            for (i, device) in list.iter().enumerate() {
+                if let Some(first) = list[..i].iter().position(|d| d == device) {
+                    return Err(Invalid::new(
+                        "devices",
+                        format!(
+                            "device {device} is listed twice (entries {first} and {i}): each replica needs a device of its own (several CPU replicas: a count, e.g. devices = {})",
+                            list.len()
+                        ),
+                    ));
+                }
+            }
         }
         positive("parallel.nodes", self.parallel.nodes as u64)?;
         positive("parallel.timeout_s", self.parallel.timeout_s)?;

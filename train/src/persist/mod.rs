@@ -6,7 +6,9 @@
 //!   written to a temporary directory, fsync'd and renamed, then `latest` replaced
 //!   atomically; loading takes the newest checkpoint that verifies against its manifest;
 //! - [`manifest`]: the manifest and the checks of a checkpoint against it;
-//! - [`recover`]: choosing the checkpoint to load, cleaning up interrupted ones, pruning.
+//! - [`recover`]: choosing the checkpoint to load, cleaning up interrupted ones, pruning;
+//! - [`written`]: `written.json`, the SHA-256 of the run files Ember wrote, so that only
+//!   those are ever replaced by a new run.
 //!
 //! Every file that replaces another goes through [`ember_data::write_atomic`], Ember's one
 //! atomic-write helper (temp file, fsync, rename); a checkpoint's files are new files in a
@@ -19,3 +21,4 @@ pub(crate) mod durable;
 pub mod files;
 pub mod manifest;
 pub mod recover;
+pub mod written;

@@ -115,7 +115,11 @@ fn find(run_dir: &Path, before: u64) -> Result<(PathBuf, Vec<Skipped>), TrainErr
 /// checkpoints/step-00000200: model.mpk is damaged (sha256 differs from manifest.json);
 /// using step-00000100`.
 pub fn newest(run_dir: &Path, log: &mut dyn FnMut(&str)) -> Result<PathBuf, TrainError> {
-    logged(newest_verified(run_dir)?, log)
+    let (dir, skipped) = newest_verified(run_dir)?;
+    if let Some(note) = latest_note(&dir, &skipped) {
+        log(&note);
+    }
+    logged((dir, skipped), log)
 }
 
 /// [`newest_verified_before`] `step`, logging each checkpoint skipped as [`newest`] does.
@@ -128,6 +132,31 @@ fn logged((dir, skipped): (PathBuf, Vec<Skipped>), log: &mut dyn FnMut(&str)) ->
         log(&format!("skipped {s}; using {}", name_of(&dir)));
     }
     Ok(dir)
+}
+
+/// A note when `checkpoints/latest` names another checkpoint than `chosen` that was not
+/// skipped above: one that is missing (`latest names step-00000999, which is missing; using
+/// step-00000008`), or an older one (a run stopped after renaming its newest checkpoint into
+/// place and before moving `latest`). `None` when `latest` is absent or names `chosen`.
+fn latest_note(chosen: &Path, skipped: &[Skipped]) -> Option<String> {
+    let root = chosen.parent()?;
+    let named = fs::read_to_string(root.join(LATEST)).ok()?;
+    let named = named.trim();
+    let using = name_of(chosen);
+    if named == using || skipped.iter().any(|s| name_of(&s.dir) == named) {
+        return None;
+    }
+    // A damaged `latest` is shown quoted and cut short.
+    let plain = !named.is_empty() && named.len() <= 64 && named.bytes().all(|b| b.is_ascii_graphic());
+    let shown = match plain {
+        true => named.to_string(),
+        false => format!("{:?}", named.chars().take(64).collect::<String>()),
+    };
+    let is_dir = plain && !named.contains('/') && root.join(named).is_dir();
+    Some(match is_dir {
+        true => format!("checkpoints/latest names {shown}; using {using}, a newer complete checkpoint"),
+        false => format!("checkpoints/latest names {shown}, which is missing; using {using}"),
+    })
 }
 
 /// Removes what interrupted checkpoints left in `RUN_DIR/checkpoints/` (the `.tmp-*`
@@ -187,6 +216,37 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, ["step-00000004", "step-00000005", "step-00000009"]);
+    }
+
+    #[test]
+    fn a_latest_that_names_another_checkpoint_is_said() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("checkpoints");
+        let chosen = root.join("step-00000008");
+        fs::create_dir_all(&chosen).unwrap();
+        fs::create_dir_all(root.join("step-00000004")).unwrap();
+        let note = |latest: &str| {
+            fs::write(root.join(LATEST), latest).unwrap();
+            latest_note(&chosen, &[])
+        };
+        assert_eq!(note("step-00000008"), None, "latest names the one used");
+        assert_eq!(
+            note("step-00000999").as_deref(),
+            Some("checkpoints/latest names step-00000999, which is missing; using step-00000008")
+        );
+        assert_eq!(
+            note("step-00000004\n").as_deref(),
+            Some("checkpoints/latest names step-00000004; using step-00000008, a newer complete checkpoint")
+        );
+        assert_eq!(
+            note("\u{1b}[31mjunk").as_deref(),
+            Some("checkpoints/latest names \"\\u{1b}[31mjunk\", which is missing; using step-00000008")
+        );
+        let skipped = [Skipped { dir: root.join("step-00000999"), problem: Problem::Missing("x".into()) }];
+        fs::write(root.join(LATEST), "step-00000999").unwrap();
+        assert_eq!(latest_note(&chosen, &skipped), None, "already said as skipped");
+        fs::remove_file(root.join(LATEST)).unwrap();
+        assert_eq!(latest_note(&chosen, &[]), None, "no latest");
     }
 
     #[test]

@@ -39,9 +39,9 @@ impl Feed {
         sampler.check_state(&state)?;
         let dropped = sampler.dropped();
         let description = format!(
-            "train: {} of {} tokens, {} per epoch and rank (each epoch drops {}: {} to split evenly across {}, {} of a partial batch){}",
+            "train: {} of {}, {} per epoch and rank (each epoch drops {}: {} to split evenly across {}, {} of a partial batch){}",
             count(train.len(), "row"),
-            seq_len,
+            count(seq_len, "token"),
             count(sampler.batches_per_epoch(), "micro-batch"),
             count(dropped.rank_remainder + dropped.partial_batch, "row"),
             dropped.rank_remainder,

@@ -57,6 +57,9 @@ pub struct RunOptions {
     pub coordinator_elsewhere: bool,
     /// Faults to inject (tests of failure handling; none by default).
     pub faults: Faults,
+    /// A new run given a text file as `data` may replace `RUN_DIR/data` prepared from another
+    /// text (`ember train --force`); without it that is refused.
+    pub force: bool,
 }
 
 impl RunOptions {
@@ -69,6 +72,7 @@ impl RunOptions {
             controls: Arc::default(),
             coordinator_elsewhere: false,
             faults: Faults::default(),
+            force: false,
         }
     }
 
@@ -100,11 +104,18 @@ pub struct RunSummary {
     pub tokens_per_sec: f64,
     /// True when stopped before `max_steps` (a checkpoint was written).
     pub stopped_early: bool,
+    /// True when a resume found the run already at `max_steps` (or beyond): nothing was
+    /// trained and nothing in the run directory changed; `steps` is the checkpoint's step.
+    pub already_finished: bool,
 }
 
 /// Trains (or resumes) a run on backend `B` with one replica per device of `devices` (empty:
 /// `devices` default devices of the config) and `parallel.nodes` processes; `log` receives
 /// every human-readable line (node 0 only).
+///
+/// A resume whose checkpoint is already at `max_steps` trains nothing, changes nothing in the
+/// run directory and returns [`RunSummary::already_finished`] (a requeued job that was
+/// preempted just after its last checkpoint succeeds).
 ///
 /// Errors: bad data or configuration, a run directory that already holds a run (without
 /// `resume`) or that another training holds ([`TrainError::RunDirLocked`]), a missing or
@@ -116,7 +127,7 @@ pub fn train<B: AutodiffBackend>(
     devices: Vec<B::Device>,
     log: &mut dyn FnMut(&str),
 ) -> Result<RunSummary, TrainError> {
-    let RunOptions { mut config, run_dir, resume, controls, coordinator_elsewhere, faults } = options;
+    let RunOptions { mut config, run_dir, resume, controls, coordinator_elsewhere, faults, force } = options;
     let session = Instant::now();
     let devices = setup::devices::<B>(&config, devices)?;
     // This process writes the run directory: it holds its lock until the run ends, taken
@@ -133,9 +144,21 @@ pub fn train<B: AutodiffBackend>(
         Vec::new()
     };
     let mut lock = if leads { Some(lock::RunLock::acquire(&run_dir, log)?) } else { None };
+    let setup = setup::Setup { resume, leads, force };
     let (data, setup::Start { model, state, resume_dir, val_note }) =
-        match setup::start::<B>(&mut config, &run_dir, resume, leads, &devices[0], log) {
-            Ok(started) => started,
+        match setup::start::<B>(&mut config, &run_dir, setup, &devices[0], log) {
+            Ok(setup::Begun::Run(data, start)) => (data, *start),
+            Ok(setup::Begun::Finished { step, elapsed_s }) => {
+                return Ok(RunSummary {
+                    steps: step,
+                    final_val_loss: None,
+                    wall_s: session.elapsed().as_secs_f64(),
+                    elapsed_s,
+                    tokens_per_sec: 0.0,
+                    stopped_early: false,
+                    already_finished: true,
+                })
+            }
             Err(error) => {
                 // A run refused before it started leaves no empty directory behind, nor the
                 // parents it created (`remove_dir` removes only an empty one).
@@ -188,6 +211,7 @@ pub fn train<B: AutodiffBackend>(
         elapsed_s: report.elapsed_s,
         tokens_per_sec: report.tokens as f64 / report.step_s.max(1e-9),
         stopped_early: report.stopped_early,
+        already_finished: false,
     })
 }
 
@@ -233,10 +257,10 @@ fn describe<B: AutodiffBackend>(
         ));
     }
     log(&format!(
-        "global batch: {} × {} tokens = {} tokens per optimizer step (micro-batch {} × {} × {})",
+        "global batch: {} × {} = {} per optimizer step (micro-batch {} × {} × {})",
         count(config.sequences_per_step(world_size), "sequence"),
-        config.model.block_size(),
-        config.tokens_per_step(world_size),
+        count(config.model.block_size(), "token"),
+        count(config.tokens_per_step(world_size), "token"),
         config.micro_batch_size,
         count(config.accumulation_steps, "accumulation step"),
         count(world_size, "rank"),

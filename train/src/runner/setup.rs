@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use burn::tensor::backend::AutodiffBackend;
-use ember_data::{write_atomic, PrepareOptions, PreparedData, SamplerState, TokenizerKind};
+use ember_data::{PrepareOptions, PreparedData, SamplerState, TokenizerKind};
 use ember_model::LanguageModel;
 
 use crate::config::{ConfigError, RunConfig};
@@ -16,6 +16,7 @@ use crate::observe::metrics;
 use crate::observe::words::count;
 use crate::persist::checkpoint::{self, TrainState, CHECKPOINT_VERSION};
 use crate::persist::files;
+use crate::persist::written::{Written, WRITTEN};
 
 /// Where a run starts: its model and state, and the checkpoint they come from.
 pub(super) struct Start<B: AutodiffBackend> {
@@ -49,19 +50,37 @@ pub(super) fn devices<B: AutodiffBackend>(
     }
 }
 
+/// How a run's set-up ended.
+pub(super) enum Begun<B: AutodiffBackend> {
+    /// The run starts (or continues) from this data and start (boxed: a model beside a
+    /// variant of two numbers).
+    Run(Arc<PreparedData>, Box<Start<B>>),
+    /// A resume whose checkpoint is already at `max_steps` (a requeued job preempted after
+    /// its last checkpoint): nothing to train, nothing in the run directory changed.
+    Finished {
+        /// The checkpoint's step.
+        step: u64,
+        /// Wall-clock seconds of the run, all its sessions.
+        elapsed_s: f64,
+    },
+}
+
 /// Opens the run's data, settles the vocabulary, and builds the model and state the run starts
 /// from (checking that a resume continues the same run). `leads`: this process writes the run
 /// directory (node 0), which it then holds the resolved config and data metadata.
+///
+/// A resume of a run whose checkpoint is at (or beyond) `max_steps` is
+/// [`Begun::Finished`], checked before anything in the run directory changes.
 ///
 /// Errors: see [`crate::runner::train`].
 pub(super) fn start<B: AutodiffBackend>(
     config: &mut RunConfig,
     run_dir: &Path,
-    resume: bool,
-    leads: bool,
+    options: Setup,
     device: &B::Device,
     log: &mut dyn FnMut(&str),
-) -> Result<(Arc<PreparedData>, Start<B>), TrainError> {
+) -> Result<Begun<B>, TrainError> {
+    let Setup { resume, leads, force } = options;
     if leads {
         fs::create_dir_all(run_dir).map_err(TrainError::io(run_dir))?;
         if !resume {
@@ -72,10 +91,7 @@ pub(super) fn start<B: AutodiffBackend>(
         let message = "several nodes need prepared data (run `ember prepare` once), not a text file";
         return Err(config.origin.at("data", message).into());
     }
-    let data = open_data(config, run_dir, resume, log)?;
-    if leads {
-        checkpoint::remove_leftovers(run_dir, log)?;
-    }
+    let data = open_data(config, run_dir, resume, force, log)?;
     // A run without a checkpoint has nothing to resume; the newest checkpoint that verifies
     // against its manifest is the one loaded (each newer one skipped is logged).
     let latest = if resume { Some(checkpoint::newest(run_dir, log)?) } else { None };
@@ -83,6 +99,22 @@ pub(super) fn start<B: AutodiffBackend>(
         super::same_data::check_same_data(run_dir, &data)?;
     }
     config.resolve_vocab(Some(data.meta.vocab_size))?;
+    let data_tokens = (data.meta.train_tokens, data.meta.total_tokens - data.meta.train_tokens);
+    let resumed = match &latest {
+        Some(dir) => {
+            let state = checkpoint::load_state(dir)?;
+            check_resumable(config, &state, dir, data_tokens)?;
+            if config.max_steps <= state.step {
+                // As torchtitan and Hugging Face's Trainer do: the loop has no step left.
+                return Ok(Begun::Finished { step: state.step, elapsed_s: state.elapsed_s });
+            }
+            Some(state)
+        }
+        None => None,
+    };
+    if leads {
+        checkpoint::remove_leftovers(run_dir, log)?;
+    }
     crate::observe::fits::check(config, log)?; // before the model is allocated
                                                // Before anything in the run directory changes (a resume with a batch too large for the
                                                // data must leave the run as it was).
@@ -95,7 +127,6 @@ pub(super) fn start<B: AutodiffBackend>(
     B::seed(device, config.seed);
     let mut model: LanguageModel<B> =
         config.model.init(device).map_err(|e| config.origin.at(&format!("model.{}", e.field), e.message))?;
-    let data_tokens = (data.meta.train_tokens, data.meta.total_tokens - data.meta.train_tokens);
     let world_size = config.world_size();
     let mut state = TrainState {
         version: CHECKPOINT_VERSION,
@@ -114,16 +145,8 @@ pub(super) fn start<B: AutodiffBackend>(
         model = ember_model::hf::load(model, path)?;
         log(&format!("initialized from {}", path.display()));
     }
-    if let Some(dir) = latest {
-        state = checkpoint::load_state(&dir)?;
-        check_resumable(config, &state, &dir, data_tokens)?;
-        if config.max_steps <= state.step {
-            let message = format!(
-                "{} is not beyond the checkpoint's step {}: nothing to train; raise it with --set max_steps=N",
-                config.max_steps, state.step
-            );
-            return Err(config.origin.at("max_steps", message).into());
-        }
+    if let (Some(dir), Some(resumed)) = (latest, resumed) {
+        state = resumed;
         model = checkpoint::load_model(&dir, model, device)?;
         if state.world_size != world_size {
             // The epoch's remaining batches were cut for another rank count.
@@ -144,20 +167,34 @@ pub(super) fn start<B: AutodiffBackend>(
     if leads {
         write_run_files(config, &data, run_dir)?;
     }
-    Ok((data, Start { model, state, resume_dir, val_note }))
+    Ok(Begun::Run(data, Box::new(Start { model, state, resume_dir, val_note })))
+}
+
+/// What [`start`] is asked to do.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Setup {
+    /// Continue the run from its latest checkpoint.
+    pub resume: bool,
+    /// This process writes the run directory (node 0).
+    pub leads: bool,
+    /// Replace `RUN_DIR/data` prepared from another text than `--data`'s.
+    pub force: bool,
 }
 
 /// Opens the run's prepared data: `config.data` is a prepared directory, or a text file that
-/// is prepared into `RUN_DIR/data` once (again when a new run is given another text; a
-/// resume given another text is refused). On return `config.data` names the prepared
-/// directory as an absolute path.
+/// is prepared into `RUN_DIR/data` once. A new run given another text than the one
+/// `RUN_DIR/data` was prepared from prepares it again only with `force` (it may be a dataset
+/// the user prepared there); a resume given another text is refused. On return `config.data`
+/// names the prepared directory as an absolute path.
 ///
-/// Errors: no `data`; data that cannot be prepared or opened; prepared data of another
-/// tokenizer than the config's `tokenizer`.
-pub fn open_data(
+/// Errors: no `data`; data that cannot be prepared or opened; `RUN_DIR/data` prepared from
+/// another text (without `force`, or on a resume); prepared data of another tokenizer than the
+/// config's `tokenizer`.
+fn open_data(
     config: &mut RunConfig,
     run_dir: &Path,
     resume: bool,
+    force: bool,
     log: &mut dyn FnMut(&str),
 ) -> Result<PreparedData, TrainError> {
     let given = config.data.clone().ok_or_else(|| {
@@ -167,6 +204,13 @@ pub fn open_data(
             "missing: set `data` in the config or pass --data DIR|FILE",
         )
     })?;
+    if !given.exists() {
+        let message = format!(
+            "{}: no such file or directory; expected a prepared data directory (`ember prepare --out DIR`) or a UTF-8 text file",
+            given.display()
+        );
+        return Err(config.origin.at("data", message).into());
+    }
     let dir = if given.is_file() {
         let out = run_dir.join("data");
         let prepared = out.join(ember_data::META_FILE).exists();
@@ -179,10 +223,19 @@ pub fn open_data(
             );
             return Err(config.origin.at("data", message).into());
         }
+        if stale && !force {
+            let message = format!(
+                "{} holds a dataset prepared from another text than {} (see its meta.json `sources`), which preparing {} would replace: pass --force to replace it, or choose another --run-dir",
+                out.display(),
+                given.display(),
+                given.display()
+            );
+            return Err(config.origin.at("data", message).into());
+        }
         if !prepared || stale {
             if stale {
                 log(&format!(
-                    "{} was prepared from another text: preparing {} again",
+                    "{} was prepared from another text: preparing {} again (--force)",
                     out.display(),
                     given.display()
                 ));
@@ -190,8 +243,7 @@ pub fn open_data(
             let tokenizer: TokenizerKind = config.tokenizer.as_deref().unwrap_or("char").parse()?;
             let mut options = PrepareOptions::new(tokenizer, vec![given], out.clone());
             options.progress = false;
-            // RUN_DIR/data is Ember's own copy, made for this run directory (which holds no
-            // checkpoint when a run starts over): replacing it loses nothing.
+            // Only an Ember dataset is replaced, and only with --force (`stale` implies it).
             options.force = stale;
             ember_data::prepare(&options)?;
         }
@@ -229,24 +281,28 @@ fn prepared_from(dir: &Path, file: &Path) -> Result<bool, TrainError> {
 }
 
 /// The resolved config, the data's metadata and (for Hugging Face tokenizers) its
-/// `tokenizer.json`, which sampling from the run needs beside `data_meta.json`.
+/// `tokenizer.json`, which sampling from the run needs beside `data_meta.json`; then the
+/// record of what was written ([`Written`]).
 fn write_run_files(config: &RunConfig, data: &PreparedData, run_dir: &Path) -> Result<(), TrainError> {
-    write_atomic(&run_dir.join(files::CONFIG), config.to_toml().as_bytes())?;
+    let config_toml = config.to_toml();
     let meta_json = serde_json::to_vec_pretty(&data.meta).expect("meta serializes");
-    write_atomic(&run_dir.join(files::DATA_META), &meta_json)?;
+    let mut run_files: Vec<(&str, &[u8])> =
+        vec![(files::CONFIG, config_toml.as_bytes()), (files::DATA_META, &meta_json)];
     let hf_tokenizer = data.dir.join(ember_data::HF_TOKENIZER_FILE);
+    let tokenizer_json;
     if hf_tokenizer.exists() {
-        let bytes = fs::read(&hf_tokenizer).map_err(TrainError::io(&hf_tokenizer))?;
-        write_atomic(&run_dir.join(ember_data::HF_TOKENIZER_FILE), &bytes)?;
+        tokenizer_json = fs::read(&hf_tokenizer).map_err(TrainError::io(&hf_tokenizer))?;
+        run_files.push((ember_data::HF_TOKENIZER_FILE, &tokenizer_json));
     }
-    Ok(())
+    Written::write_files(run_dir, &run_files)
 }
 
 /// A new run must not overwrite another one. A run directory without a checkpoint holds
 /// nothing to resume (the run stopped before its first checkpoint): its files are replaced —
-/// only when its `config.toml` is one that Ember wrote (or, without one, when all it holds is
-/// a `metrics.jsonl` of Ember's records), so that a user's own files (a config passed as
-/// `--config RUN_DIR/config.toml`, a `metrics.jsonl`) are never overwritten.
+/// only those that are still exactly what Ember wrote there (their SHA-256 in
+/// `written.json`), and a `metrics.jsonl` only when it holds nothing but Ember's records, so
+/// that a user's own files (a config passed as `--config RUN_DIR/config.toml`, an Ember
+/// config edited by hand, a `metrics.jsonl`) are never overwritten.
 fn ensure_fresh(run_dir: &Path, log: &mut dyn FnMut(&str)) -> Result<(), TrainError> {
     // `latest`, or a checkpoint directory without it (a run stopped while naming its first).
     let checkpoints = run_dir.join("checkpoints");
@@ -256,21 +312,16 @@ fn ensure_fresh(run_dir: &Path, log: &mut dyn FnMut(&str)) -> Result<(), TrainEr
     if found {
         return Err(TrainError::RunDirTaken { path: run_dir.into(), found: "checkpoints".into() });
     }
-    // Each file is checked on its own: Ember's config.toml, Ember's records, Ember's data
-    // metadata; a tokenizer.json only beside Ember's config.toml.
-    let ours = written_by_ember(&run_dir.join(files::CONFIG));
-    let is_ember = |name: &str| {
-        let path = run_dir.join(name);
-        match name {
-            // A torn last line (a write cut short) only beside Ember's config.toml.
-            files::METRICS => metrics::holds_only_records(&path, ours),
-            files::DATA_META => {
-                fs::read(&path).is_ok_and(|b| serde_json::from_slice::<ember_data::Meta>(&b).is_ok())
-            }
-            _ => ours,
-        }
+    let written = Written::read(run_dir);
+    let ours = |name: &str| written.as_ref().is_some_and(|w| w.holds(run_dir, name));
+    let is_ember = |name: &str| match name {
+        // A torn last line (a write cut short) only beside Ember's config.toml.
+        files::METRICS => metrics::holds_only_records(&run_dir.join(name), ours(files::CONFIG)),
+        // A file of that name that is not Ember's record is the user's.
+        WRITTEN => written.is_some(),
+        _ => ours(name),
     };
-    let replaced = [files::CONFIG, files::METRICS, files::DATA_META, ember_data::HF_TOKENIZER_FILE];
+    let replaced = [files::CONFIG, files::METRICS, files::DATA_META, ember_data::HF_TOKENIZER_FILE, WRITTEN];
     let foreign: Vec<&str> = replaced
         .into_iter()
         .filter(|name| run_dir.join(name).exists())
@@ -288,14 +339,6 @@ fn ensure_fresh(run_dir: &Path, log: &mut dyn FnMut(&str)) -> Result<(), TrainEr
         ));
     }
     Ok(())
-}
-
-/// Whether `path` is a `config.toml` that Ember wrote: it reads as a run configuration, and
-/// is byte for byte what Ember writes for that configuration (a hand-written one differs in
-/// its order, comments, or the defaults and resolved values it leaves out).
-fn written_by_ember(path: &Path) -> bool {
-    let Ok(text) = fs::read_to_string(path) else { return false };
-    RunConfig::from_toml_str(&text, path, &[]).is_ok_and(|config| config.to_toml() == text)
 }
 
 /// The model and seed of a resumed run must be the checkpoint's, and so must the data.

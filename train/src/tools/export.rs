@@ -45,7 +45,7 @@ impl ExportTarget {
         if out.extension().is_some_and(|e| e == "safetensors") {
             ExportTarget { weights: out.into(), config: out.with_file_name("config.json") }
         } else {
-            ExportTarget { weights: out.join("model.safetensors"), config: out.join("config.json") }
+            ExportTarget { weights: out.join(ember_model::hf::WEIGHTS_FILE), config: out.join("config.json") }
         }
     }
 
