@@ -115,9 +115,10 @@ pub(super) fn start<B: AutodiffBackend>(
     if leads {
         checkpoint::remove_leftovers(run_dir, log)?;
     }
-    crate::observe::fits::check(config, log)?; // before the model is allocated
-                                               // Before anything in the run directory changes (a resume with a batch too large for the
-                                               // data must leave the run as it was).
+    // Before the model is allocated.
+    crate::observe::fits::check(config, log)?;
+    // Before anything in the run directory changes (a resume with a batch too large for the
+    // data must leave the run as it was).
     let data = Arc::new(data);
     let val_note = super::feed::check_splits(&data, config)?;
 
@@ -337,6 +338,12 @@ fn ensure_fresh(run_dir: &Path, log: &mut dyn FnMut(&str)) -> Result<(), TrainEr
             "{} held a run that stopped before its first checkpoint: starting over",
             run_dir.display()
         ));
+    }
+    // The earlier run's tokenizer.json (Ember's, checked above): the new run writes its own if
+    // its data has one, and a stale copy would no longer be in the record.
+    let tokenizer = run_dir.join(ember_data::HF_TOKENIZER_FILE);
+    if tokenizer.exists() {
+        fs::remove_file(&tokenizer).map_err(TrainError::io(&tokenizer))?;
     }
     Ok(())
 }
