@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use ember_train::config::BackendKind;
+use ember_train::observe::words::count;
 use ember_train::RunConfig;
 
 /// Arguments of `ember bench`.
@@ -75,10 +76,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     out!("precision        {}", r.precision.name());
     out!("checkpointing    {}", r.checkpointing.name());
     out!(
-        "steps            {} timed after {} warm-up, {} tokens each",
+        "steps            {} timed after {} warm-up, {} each",
         r.steps,
         args.warmup,
-        r.tokens_per_step
+        count(r.tokens_per_step, "token")
     );
     out!(
         "throughput       {:.0} tokens/s, {:.2} steps/s, {:.1} ms/step",

@@ -195,12 +195,12 @@ fn table(e: &Estimate, config: &RunConfig) -> String {
         (
             "tokens per step".into(),
             format!(
-                "{} (micro-batch {} × accumulation {} × {} × {} tokens)",
+                "{} (micro-batch {} × accumulation {} × {} × {})",
                 e.tokens_per_step,
                 config.micro_batch_size,
                 config.accumulation_steps,
                 count(config.world_size(), "rank"),
-                config.model.block_size()
+                count(config.model.block_size(), "token")
             ),
         ),
         ("FLOPs per step".into(), format!("{:.4e}", e.flops_per_step)),

@@ -317,11 +317,12 @@ fn with_dashboard(options: RunOptions) -> anyhow::Result<ember_train::RunSummary
                 let _ = tx.send(line.to_string());
                 let _ = log_tx.send(line.to_string());
             });
-            ended.set(result.is_ok());
+            ended.set(result.is_ok(), result.as_ref().is_ok_and(|s| s.already_finished));
             result
         })
     };
     // A terminal that hangs up while the dashboard is inside crossterm's event poll.
+    let ended_early = ended.clone();
     let watchdog = hangup::Watchdog::start(controls.clone(), ended);
     let finished = |_: &crate::dashboard::Dashboard| {
         training.is_finished().then(|| "finished: press any key".to_string())
@@ -334,15 +335,19 @@ fn with_dashboard(options: RunOptions) -> anyhow::Result<ember_train::RunSummary
             logs: Some(log_rx),
             controls: Some(controls),
             finished: &finished,
+            leave: &|| ended_early.already_finished(),
         },
     );
     drop(watchdog);
-    ratatui::restore();
+    crate::dashboard::close_terminal(terminal);
     let (frames, seconds) = shown?.frames;
     for line in rx {
         out!("{line}");
     }
     let summary = training.join().map_err(|_| anyhow::anyhow!("the training thread panicked"))??;
+    if summary.already_finished {
+        return Ok(summary);
+    }
     out!(
         "dashboard: {frames} frames, {:.2} ms each, {:.2}% of one core over {:.1} s",
         1e3 * seconds / frames.max(1) as f64,

@@ -51,9 +51,15 @@ pub fn run(args: WatchArgs) -> anyhow::Result<()> {
     let shown = dashboard::run(
         &mut terminal,
         board,
-        Attached { tail: MetricsTail::new(&args.run_dir), logs: None, controls: None, finished: &finished },
+        Attached {
+            tail: MetricsTail::new(&args.run_dir),
+            logs: None,
+            controls: None,
+            finished: &finished,
+            leave: &|| false,
+        },
     );
-    ratatui::restore();
+    crate::dashboard::close_terminal(terminal);
     shown?;
     Ok(())
 }

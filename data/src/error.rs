@@ -171,7 +171,7 @@ pub enum DataError {
     },
 
     /// A split holds too few tokens (or examples) for one row.
-    #[error("the {split} split holds {tokens} tokens, but {needed}; use a smaller model.block_size or more data (or a larger `ember prepare --val-fraction` for the val split)")]
+    #[error("the {split} split holds {tokens} token{}, but {needed}; use a smaller model.block_size or more data (or a larger `ember prepare --val-fraction` for the val split)", if *tokens == 1 { "" } else { "s" })]
     StreamTooShort {
         /// "train" or "val".
         split: &'static str,

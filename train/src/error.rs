@@ -60,7 +60,8 @@ pub enum TrainError {
     /// …) that are not exactly what an earlier Ember run wrote there, such as the user's own
     /// config or an Ember config edited by hand.
     #[error(
-        "{path} holds {files}, which no earlier Ember run wrote there as they are now (yours, or edited since) and a new run would overwrite: choose another --run-dir, or move {} away",
+        "{path} holds {files}, which no earlier Ember run wrote there as {} now (yours, or edited since) and a new run would overwrite: choose another --run-dir, or move {} away",
+        if files.contains(", ") { "they are" } else { "it is" },
         if files.contains(", ") { "them" } else { "it" }
     )]
     RunDirForeign {

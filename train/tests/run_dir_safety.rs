@@ -358,7 +358,7 @@ fn an_ember_config_edited_in_one_value_is_the_users_and_kept() {
     let err = run(RunOptions::new(tiny_config(&data, &["max_steps=1"]), &run_dir)).unwrap_err();
     assert!(matches!(err, TrainError::RunDirForeign { .. }), "{err}");
     assert!(
-        err.to_string().contains("holds config.toml, which no earlier Ember run wrote there as they are now"),
+        err.to_string().contains("holds config.toml, which no earlier Ember run wrote there as it is now"),
         "{err}"
     );
     assert_eq!(std::fs::read_to_string(&path).unwrap(), edited, "the edit is kept");
@@ -417,4 +417,32 @@ fn resuming_a_finished_run_succeeds_and_changes_nothing() {
                 .unwrap();
         assert!(!summary.already_finished && summary.steps == 3, "{devices}: {summary:?}");
     }
+}
+
+/// A job preempted before its first checkpoint and requeued (`--resume`) starts again from
+/// step 0 instead of failing every time, with the records of the lost attempt dropped.
+#[test]
+fn resuming_a_run_without_a_checkpoint_starts_it_from_step_0() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (data, run_dir) = stopped_before_its_first_checkpoint(dir.path());
+    let config = RunConfig::load(&run_dir.join("config.toml"), &[]).unwrap();
+    let lines = run(RunOptions::new(config, &run_dir).resuming()).unwrap();
+    assert!(
+        lines.iter().any(|l| l
+            .ends_with("has no checkpoint yet (the run stopped before its first): starting it from step 0")),
+        "{lines:?}"
+    );
+    let straight = dir.path().join("straight");
+    run(RunOptions::new(tiny_config(&data, &["max_steps=1"]), &straight)).unwrap();
+    let metrics = |d: &Path| -> Vec<(String, u64, Option<f64>)> {
+        std::fs::read_to_string(d.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .map(|v| (v["kind"].to_string(), v["step"].as_u64().unwrap(), v["loss"].as_f64()))
+            .collect()
+    };
+    assert_eq!(metrics(&run_dir), metrics(&straight), "one attempt's records, the straight run's losses");
+    assert!(run_dir.join("checkpoints/step-00000001").is_dir());
 }

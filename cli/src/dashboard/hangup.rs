@@ -86,13 +86,21 @@ impl KeyboardTerminal {
 pub struct Ended {
     outcome: Mutex<Option<bool>>,
     changed: Condvar,
+    already_finished: AtomicBool,
 }
 
 impl Ended {
-    /// Records that the training ended, successfully or not.
-    pub fn set(&self, ok: bool) {
+    /// Records that the training ended, successfully or not, and whether it found its run
+    /// already finished (a resume at `max_steps`).
+    pub fn set(&self, ok: bool, already_finished: bool) {
+        self.already_finished.store(already_finished, Ordering::SeqCst);
         *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(ok);
         self.changed.notify_all();
+    }
+
+    /// Whether the training ended finding its run already finished.
+    pub fn already_finished(&self) -> bool {
+        self.already_finished.load(Ordering::SeqCst)
     }
 
     /// Waits until the training has ended; returns whether it succeeded.

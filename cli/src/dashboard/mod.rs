@@ -114,19 +114,51 @@ pub struct Attached<'a> {
     /// Returns how the run ended, once it has (checked every frame, with what the dashboard
     /// has read so far).
     pub finished: &'a dyn Fn(&Dashboard) -> Option<String>,
+    /// Whether to leave at once, without waiting for a key (a resumed run that was already
+    /// finished: nothing was shown worth a key).
+    pub leave: &'a dyn Fn() -> bool,
 }
 
-/// Opens the terminal for the dashboard (raw mode, alternate screen; ratatui restores it on a
-/// panic and [`ratatui::restore`] at the end).
+/// Opens the terminal for the dashboard: raw mode, the alternate screen, and a panic hook that
+/// restores them ([`close_terminal`] at the end). Unlike `ratatui::init`, nothing here or in
+/// the hook prints with `eprintln!`, which panics when stderr is a terminal that hung up (a
+/// panic in the panic hook aborts the process before the run's checkpoint).
 ///
 /// Errors: no terminal to draw on (output redirected, no controlling tty), as a message that
 /// says so; ratatui's own `init` panics there.
 pub fn open_terminal() -> anyhow::Result<ratatui::DefaultTerminal> {
-    ratatui::try_init().map_err(|e| {
+    use ratatui::crossterm::{execute, terminal};
+    let open = || -> std::io::Result<ratatui::DefaultTerminal> {
+        terminal::enable_raw_mode()?;
+        execute!(std::io::stdout(), terminal::EnterAlternateScreen)?;
+        ratatui::Terminal::new(ratatui::prelude::CrosstermBackend::new(std::io::stdout()))
+    };
+    let opened = open().map_err(|e| {
         // Raw mode may be on already; the alternate screen was not entered (or failed).
-        let _ = ratatui::crossterm::terminal::disable_raw_mode();
+        let _ = terminal::disable_raw_mode();
         anyhow::anyhow!("the dashboard needs a terminal, and this one cannot be opened ({e}); run without --tui or use `ember watch` from a terminal")
-    })
+    })?;
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let _ = ratatui::try_restore();
+            previous(info);
+        }));
+    });
+    Ok(opened)
+}
+
+/// Gives the terminal back (cursor shown, raw mode off, the normal screen), ignoring a terminal
+/// that is gone: ratatui's `restore` and its `Terminal`'s drop report failures with
+/// `eprintln!`, which panics on a hung-up stderr, so a terminal that cannot show its cursor
+/// again is not dropped (forgotten, at the process's end).
+pub fn close_terminal(mut terminal: ratatui::DefaultTerminal) {
+    let shown = terminal.show_cursor().is_ok();
+    let _ = ratatui::try_restore();
+    if !shown {
+        std::mem::forget(terminal);
+    }
 }
 
 /// Runs the dashboard in `terminal` until the user quits (watching) or the run ends and the
@@ -166,6 +198,9 @@ pub fn run(
         }
         if keyboard.hung_up() {
             return gone(d, &a);
+        }
+        if (a.leave)() {
+            return Ok(d);
         }
         for record in a.tail.poll() {
             if a.logs.is_none() {

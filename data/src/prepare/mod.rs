@@ -3,7 +3,9 @@
 
 mod chunks;
 mod output;
+mod owned;
 mod progress;
+mod replacing;
 mod writer;
 
 use std::path::PathBuf;

@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::writer::{Replacing, REPLACING_FILE};
-use crate::meta::{Meta, DOCUMENTS_FILE, META_FILE, PROMPTS_FILE};
+use super::owned::{only_ember_uses, Owned};
+use super::replacing::REPLACING_FILE;
 use crate::tokenizer::HF_TOKENIZER_FILE;
 use crate::DataError;
 
@@ -17,10 +17,11 @@ const LISTED: usize = 8;
 ///
 /// - `out` missing, or holding nothing but files in `keep` (the inputs, e.g. a corpus
 ///   downloaded into `out`): allowed.
-/// - `out` holds a provable Ember dataset: files that a valid Ember `meta.json` lists, or that
-///   the record of an interrupted replacement (`.ember-replacing.json`, see
-///   [`super::writer::commit`]) names: allowed with `force`, which replaces that dataset's
-///   files and keeps every other file.
+/// - `out` holds a provable Ember dataset: files under Ember's names that a valid Ember
+///   `meta.json` lists, or that the record of an interrupted replacement
+///   (`.ember-replacing.json`, see [`super::replacing`]) names, each with the bytes listed
+///   (SHA-256, checked with `force` before anything is removed): allowed with `force`, which
+///   replaces that dataset's files and keeps every other file.
 /// - Files that merely have an Ember dataset's names (`tokens-00000.bin`, `documents.bin`)
 ///   that nothing valid lists, even beside a damaged `meta.json`: refused, with or without
 ///   `force` — they may be anybody's.
@@ -59,26 +60,21 @@ pub fn check_output_dir(
         return Ok(Vec::new());
     }
     // What is provably Ember's: listed by a valid meta.json, or by a replacement's record.
-    let mut owned: Vec<String> = ember_meta(out).map(|meta| owned_by_meta(&meta)).unwrap_or_default();
-    if let Some(record) = Replacing::read(out) {
-        owned.extend(record.names().map(String::from));
-    }
-    let ours: Vec<String> = names.iter().filter(|n| owned.contains(n)).cloned().collect();
-    let lookalikes: Vec<String> = names
-        .iter()
-        .filter(|n| !owned.contains(n))
-        .filter(|n| is_shard(n) || [DOCUMENTS_FILE, PROMPTS_FILE, REPLACING_FILE].contains(&n.as_str()))
-        .cloned()
-        .collect();
+    let owned = Owned::in_dir(out);
+    let ours: Vec<String> = names.iter().filter(|n| owned.claims(n)).cloned().collect();
+    let lookalikes: Vec<String> =
+        names.iter().filter(|n| !owned.claims(n) && only_ember_uses(n)).cloned().collect();
+    let not_ours = |what: String| {
+        refuse(format!(
+            "{what}: not provably an Ember dataset, so nothing was written or removed, even with \
+             --force; remove them yourself if they are yours to discard, or choose another directory"
+        ))
+    };
     if !lookalikes.is_empty() {
-        return Err(refuse(format!(
-            "it holds {}, which {} an Ember dataset's names but no valid meta.json lists: not \
-             provably an Ember dataset, so nothing was written or removed, even with --force; \
-             remove {} yourself if {} yours to discard, or choose another directory",
+        return Err(not_ours(format!(
+            "it holds {}, which {} an Ember dataset's names but no valid meta.json lists",
             list(&lookalikes),
             if lookalikes.len() == 1 { "has" } else { "have" },
-            if lookalikes.len() == 1 { "it" } else { "them" },
-            if lookalikes.len() == 1 { "it is" } else { "they are" },
         )));
     }
     if ours.is_empty() {
@@ -95,6 +91,19 @@ pub fn check_output_dir(
             list(&ours)
         )));
     }
+    // Before anything is removed: each file's bytes are the ones listed (a file of the user's
+    // under an Ember name, or a dataset damaged since, is not replaced).
+    let differ: Vec<String> = ours.iter().filter(|n| !owned.verifies(out, n)).cloned().collect();
+    if !differ.is_empty() {
+        return Err(not_ours(format!(
+            "{} not the bytes its meta.json lists (sha256 differs: a file of yours under an \
+             Ember name, or a dataset damaged since it was prepared)",
+            match differ.len() {
+                1 => format!("{} is", differ[0]),
+                _ => format!("{} are", list(&differ)),
+            }
+        )));
+    }
     if writes_tokenizer
         && names.iter().any(|n| n == HF_TOKENIZER_FILE)
         && !ours.iter().any(|n| n == HF_TOKENIZER_FILE)
@@ -106,39 +115,6 @@ pub fn check_output_dir(
     }
     // The record goes with the dataset it describes (a new one is written for this replacement).
     Ok(ours.into_iter().filter(|n| n != REPLACING_FILE).map(|n| out.join(n)).collect())
-}
-
-/// `out/meta.json`, if it is a valid Ember `meta.json`: of this format, a whole [`Meta`] whose
-/// counts agree; of format 1, an object with `format_version` 1 (its files are known by name).
-fn ember_meta(out: &Path) -> Option<serde_json::Value> {
-    let text = std::fs::read(out.join(META_FILE)).ok()?;
-    let meta: serde_json::Value = serde_json::from_slice(&text).ok()?;
-    match meta.get("format_version")?.as_u64()? {
-        1 => Some(meta),
-        _ => Meta::read(out).is_ok().then_some(meta),
-    }
-}
-
-/// The files an Ember `meta.json` accounts for: itself, its shards and indexes, an hf
-/// tokenizer's `tokenizer.json`, and format 1's `train.bin` / `val.bin`.
-fn owned_by_meta(meta: &serde_json::Value) -> Vec<String> {
-    let mut owned: Vec<String> = [META_FILE, DOCUMENTS_FILE, PROMPTS_FILE].map(String::from).to_vec();
-    let shards = meta.get("shards").and_then(|s| s.as_array()).into_iter().flatten();
-    owned.extend(shards.filter_map(|s| s.get("file")?.as_str().map(String::from)));
-    if meta.pointer("/tokenizer/kind").and_then(|k| k.as_str()) == Some("hf") {
-        owned.push(HF_TOKENIZER_FILE.into());
-    }
-    if meta.get("format_version").and_then(|v| v.as_u64()) == Some(1) {
-        owned.extend(["train.bin".into(), "val.bin".into()]);
-    }
-    owned
-}
-
-/// `tokens-NNNNN.bin`: a token shard (a name only Ember uses).
-fn is_shard(name: &str) -> bool {
-    name.strip_prefix("tokens-")
-        .and_then(|n| n.strip_suffix(".bin"))
-        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// `a, b, c` or `a, b, … and N more`.

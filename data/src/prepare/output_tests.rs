@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 
 use super::check_output_dir;
+use crate::prepare::replacing::Replacing;
 use crate::prepare::tests::names;
-use crate::prepare::writer::Replacing;
 use crate::{prepare, DataError, PrepareOptions, TokenizerKind};
 
 fn write(path: &Path, bytes: &[u8]) -> PathBuf {
@@ -50,6 +50,12 @@ fn a_nanogpt_directory_is_refused_and_left_as_it_was() {
     }
     assert_eq!(names(&out).len(), 4);
     assert_eq!(names(tmp.path()), ["corpus.txt", "shakespeare_char"], "no staging directory left");
+    // Nor does a meta.json that says `format_version: 1` (Ember's old format listed no hashes).
+    write(&out.join("meta.json"), br#"{"format_version": 1, "vocab_size": 65}"#);
+    assert!(matches!(prepare(&forced).unwrap_err(), DataError::OutputInUse { .. }));
+    for (name, bytes) in files {
+        assert_eq!(std::fs::read(out.join(name)).unwrap(), bytes, "{name} changed");
+    }
 }
 
 #[test]
@@ -89,10 +95,11 @@ fn inputs_inside_the_output_directory_do_not_count_and_are_kept() {
 }
 
 /// Files that only bear Ember's names are not provably a dataset: refused even with --force,
-/// with or without a damaged meta.json beside them; what an interrupted replacement leaves
-/// is named by its record and is replaced with --force.
+/// with or without a damaged meta.json beside them, or when their bytes are not the ones a
+/// valid meta.json lists; what an interrupted replacement leaves is named, with its hashes, by
+/// its record and is replaced with --force; a hand-written record cannot claim other files.
 #[test]
-fn only_files_a_valid_meta_or_a_replacement_record_lists_are_replaced() {
+fn only_files_a_valid_meta_or_a_replacement_record_lists_with_their_bytes_are_replaced() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     write(&out.join("tokens-00000.bin"), b"\x00\x00");
@@ -107,26 +114,40 @@ fn only_files_a_valid_meta_or_a_replacement_record_lists_are_replaced() {
     }
     write(&out.join("meta.json"), b"garbage");
     assert!(check_output_dir(&out, true, &[], false).is_err(), "a damaged meta.json proves nothing");
-    // A meta.json of the right shape that does not list a shard beside it.
+
+    // A real dataset's meta.json beside files of other bytes under its names.
     let input = write(&tmp.path().join("corpus.txt"), b"hello");
     let real = tmp.path().join("real");
     prepare(&opts(&input, &real)).unwrap();
     std::fs::copy(real.join("meta.json"), out.join("meta.json")).unwrap();
+    let err = check_output_dir(&out, true, &[], false).unwrap_err().to_string();
+    assert!(
+        err.contains("documents.bin, tokens-00000.bin are not the bytes its meta.json lists (sha256 differs")
+            && err.contains("even with --force"),
+        "{err}"
+    );
+    for name in ["documents.bin", "tokens-00000.bin"] {
+        std::fs::copy(real.join(name), out.join(name)).unwrap();
+    }
+    // A shard it does not list.
     write(&out.join("tokens-00001.bin"), b"\x00\x00");
     let err = check_output_dir(&out, true, &[], false).unwrap_err().to_string();
     assert!(err.contains("it holds tokens-00001.bin, which has an Ember dataset's names"), "{err}");
     std::fs::remove_file(out.join("tokens-00001.bin")).unwrap();
+    // A meta.json edited to list a file of the user's: not an Ember name, so not claimed.
+    write(&out.join("NOTE.txt"), b"mine");
+    let meta = std::fs::read_to_string(real.join("meta.json")).unwrap();
+    std::fs::write(out.join("meta.json"), meta.replace("\"tokens-00000.bin\"", "\"NOTE.txt\"")).unwrap();
+    assert!(check_output_dir(&out, true, &[], false).is_err());
+    std::fs::copy(real.join("meta.json"), out.join("meta.json")).unwrap();
     let mut replaced = check_output_dir(&out, true, &[], false).unwrap();
     replaced.sort();
     assert_eq!(replaced, [out.join("documents.bin"), out.join("meta.json"), out.join("tokens-00000.bin")]);
 
     // A replacement interrupted after removing the old meta.json: its record names the files.
     std::fs::remove_file(out.join("meta.json")).unwrap();
-    let record = Replacing {
-        removed: vec!["meta.json".into(), "tokens-00000.bin".into()],
-        added: vec!["documents.bin".into()],
-    };
-    record.write(&out).unwrap();
+    let files = [out.join("documents.bin"), out.join("tokens-00000.bin"), real.join("meta.json")];
+    Replacing::of(files.iter()).unwrap().write(&out).unwrap();
     let err = check_output_dir(&out, false, &[], false).unwrap_err().to_string();
     assert!(
         err.contains(
@@ -139,16 +160,28 @@ fn only_files_a_valid_meta_or_a_replacement_record_lists_are_replaced() {
     assert_eq!(
         replaced,
         [out.join("documents.bin"), out.join("tokens-00000.bin")],
-        "the record is rewritten, not listed"
+        "the record is rewritten"
     );
+    // A record naming other bytes (or a user's file) does not make them Ember's.
+    std::fs::write(out.join("tokens-00000.bin"), b"\x07\x07").unwrap();
+    let err = check_output_dir(&out, true, &[], false).unwrap_err().to_string();
+    assert!(err.contains("tokens-00000.bin is not the bytes"), "{err}");
+    std::fs::copy(real.join("tokens-00000.bin"), out.join("tokens-00000.bin")).unwrap();
+    let forged = r#"{"files": [["NOTE.txt", "0000"], ["tokenizer.json", "0000"]]}"#;
+    std::fs::write(out.join(".ember-replacing.json"), forged).unwrap();
+    write(&out.join("tokenizer.json"), b"{}");
+    assert!(check_output_dir(&out, true, &[], false).is_err(), "documents.bin is listed by nothing now");
+    Replacing::of(files.iter()).unwrap().write(&out).unwrap();
     let mut o = opts(&input, &out);
     o.force = true;
     prepare(&o).unwrap();
     assert_eq!(
         names(&out),
-        ["documents.bin", "meta.json", "tokens-00000.bin"],
-        "record gone after a whole replacement"
+        ["NOTE.txt", "documents.bin", "meta.json", "tokenizer.json", "tokens-00000.bin"],
+        "the user's files kept, the record gone after a whole replacement"
     );
+    assert_eq!(std::fs::read(out.join("NOTE.txt")).unwrap(), b"mine");
+    assert_eq!(std::fs::read(out.join("tokenizer.json")).unwrap(), b"{}");
 }
 
 #[test]

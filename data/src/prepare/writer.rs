@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use super::replacing::{Replacing, REPLACING_FILE};
 use crate::meta::{shard_file_name, DOCUMENTS_FILE, META_FILE, PROMPTS_FILE};
 use crate::stream::encode_tokens_into;
 use crate::{DataError, ShardInfo, TokenDtype};
@@ -168,8 +169,8 @@ pub(crate) struct Finished {
 
 /// Writes `meta_json` into the staging directory and moves everything into `out`:
 /// if `out` does not exist, the staging directory is renamed to it (atomic); otherwise a
-/// replacement record (`.ember-replacing.json`, naming every file removed and moved in) is
-/// written first, so that what a crash leaves is still provably Ember's
+/// replacement record ([`Replacing`]: the name and SHA-256 of every file removed and moved
+/// in) is written first, so that what a crash leaves is still provably Ember's
 /// ([`super::check_output_dir`]); then `out/meta.json` is removed (so a crash leaves no
 /// meta.json that disagrees with the files beside it), the previous dataset's files
 /// (`replaced`), the new files are renamed in, meta.json last, and the record is removed.
@@ -201,12 +202,8 @@ pub(crate) fn commit(
             entry.map(|e| e.file_name()).map_err(|e| DataError::io("cannot list", staging.path(), e))
         })
         .collect::<Result<_, _>>()?;
-    let name = |p: &std::ffi::OsStr| p.to_string_lossy().into_owned();
-    let record = Replacing {
-        removed: replaced.iter().filter_map(|p| p.file_name()).map(name).collect(),
-        added: staged.iter().map(|n| name(n)).collect(),
-    };
-    record.write(out)?;
+    let added: Vec<PathBuf> = staged.iter().map(|n| staging.path().join(n)).collect();
+    Replacing::of(replaced.iter().chain(&added))?.write(out)?;
     let old_meta = out.join(META_FILE);
     if replaced.contains(&old_meta) {
         std::fs::remove_file(&old_meta).map_err(|e| DataError::io("cannot remove old", &old_meta, e))?;
@@ -223,37 +220,4 @@ pub(crate) fn commit(
         .map_err(|e| DataError::io("cannot rename into place", &old_meta, e))?;
     let path = out.join(REPLACING_FILE);
     std::fs::remove_file(&path).map_err(|e| DataError::io("cannot remove", &path, e))
-}
-
-/// The replacement record's name in a prepared directory, there only while `prepare --force`
-/// replaces a dataset (and after a crash in the middle of it).
-pub const REPLACING_FILE: &str = ".ember-replacing.json";
-
-/// What a replacement of a dataset removes and moves in: the files it may leave behind if it
-/// is interrupted, each an Ember dataset's file.
-#[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct Replacing {
-    /// The previous dataset's files, by name.
-    pub removed: Vec<String>,
-    /// The new dataset's files, by name (meta.json among them).
-    pub added: Vec<String>,
-}
-
-impl Replacing {
-    /// The record in `out`, if there is one that Ember wrote.
-    pub(crate) fn read(out: &Path) -> Option<Self> {
-        serde_json::from_slice(&std::fs::read(out.join(REPLACING_FILE)).ok()?).ok()
-    }
-
-    /// Writes the record into `out` (atomically, synced).
-    pub(crate) fn write(&self, out: &Path) -> Result<(), DataError> {
-        let json = serde_json::to_vec_pretty(self).expect("the record serializes");
-        crate::write_atomic(&out.join(REPLACING_FILE), &json)
-    }
-
-    /// Every file name it accounts for, itself included.
-    pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
-        self.removed.iter().chain(&self.added).map(String::as_str).chain([REPLACING_FILE])
-    }
 }

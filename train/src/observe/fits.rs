@@ -130,11 +130,11 @@ pub fn check_against(config: &RunConfig, available: &Available) -> Result<(), Tr
     }
     let replicas = config.devices.count();
     let message = format!(
-        "the run needs about {} of memory ({} parameters × 16 B for weights, gradients and AdamW, plus the activations of a micro-batch of {} × {} tokens{}; `ember estimate` shows the details) but {} is available ({}): it would abort when allocating. Make it smaller (model.n_layer, model.d_model, micro_batch_size, model.block_size{}{}) or start anyway with --set check_memory=false",
+        "the run needs about {} of memory ({} parameters × 16 B for weights, gradients and AdamW, plus the activations of a micro-batch of {} × {}{}; `ember estimate` shows the details) but {} is available ({}): it would abort when allocating. Make it smaller (model.n_layer, model.d_model, micro_batch_size, model.block_size{}{}) or start anyway with --set check_memory=false",
         gb(needed),
         config.model.num_params(),
         config.micro_batch_size,
-        config.model.block_size(),
+        crate::observe::words::count(config.model.block_size(), "token"),
         match replicas {
             1 => String::new(),
             n => format!(

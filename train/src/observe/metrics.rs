@@ -283,11 +283,12 @@ fn lines(bytes: &[u8]) -> Vec<Line<'_>> {
         .collect()
 }
 
-/// The number of the last line, when it is torn: it does not parse as a record (a write cut
-/// short by a crash or a full disk). Only the last line may be torn; a bad line elsewhere is an
-/// error.
+/// The number of the last line, when it is torn: it does not parse as a record and lacks its
+/// newline (a write of a record and its `'\n'` cut short by a crash or a full disk). Only the
+/// last line may be torn; a bad line elsewhere, or a whole line that is not a record (someone
+/// else's text appended), is an error.
 fn torn_tail(lines: &[Line]) -> Option<usize> {
-    lines.last().filter(|l| matches!(l.record, Some(Err(_)))).map(|l| l.number)
+    lines.last().filter(|l| !l.terminated() && matches!(l.record, Some(Err(_)))).map(|l| l.number)
 }
 
 fn not_a_record(path: &Path, number: usize, error: &str) -> TrainError {

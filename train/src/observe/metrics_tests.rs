@@ -154,7 +154,9 @@ fn only_records_or_nothing_count_as_an_ember_metrics_file() {
         ("\n  \n".to_string(), true, true),
         (whole.clone(), true, true),
         (whole.clone() + "{\"kind\":\"eval\",\"st", false, true),
-        (whole.clone() + "my note\n", false, true),
+        // A whole line of someone else's (it has its newline): not a torn write of Ember's.
+        (whole.clone() + "my note\n", false, false),
+        (whole.clone() + "my note", false, true),
         (whole.clone() + "my note\n" + &eval_line(2, "3.8"), false, false),
         ("user content\n".to_string(), false, false),
     ] {

@@ -26,8 +26,8 @@ use crate::step::optim::AdamWGroups;
 use crate::step::{LossScaler, SentinelState};
 
 pub use super::recover::{
-    newest, newest_before, newest_verified, newest_verified_before, remove_leftovers, Skipped, LATEST,
-    TMP_PREFIX,
+    any_checkpoint, newest, newest_before, newest_verified, newest_verified_before, remove_leftovers,
+    Skipped, LATEST, TMP_PREFIX,
 };
 
 /// Layout version of a checkpoint directory (3: with `manifest.json` and `config.toml`).

@@ -56,6 +56,14 @@ fn step_dirs(root: &Path) -> Result<Vec<(u64, String)>, TrainError> {
     Ok(dirs)
 }
 
+/// Whether `run_dir` has any `step-*` checkpoint directory, complete or not (none: the run
+/// stopped before its first checkpoint).
+///
+/// Errors: `checkpoints/` exists but cannot be listed.
+pub fn any_checkpoint(run_dir: &Path) -> Result<bool, TrainError> {
+    Ok(!step_dirs(&run_dir.join("checkpoints"))?.is_empty())
+}
+
 /// The newest checkpoint of `run_dir` that verifies against its manifest (sizes, then
 /// SHA-256 of every file), and the newer ones skipped with the reason.
 ///
@@ -140,7 +148,8 @@ fn logged((dir, skipped): (PathBuf, Vec<Skipped>), log: &mut dyn FnMut(&str)) ->
 /// place and before moving `latest`). `None` when `latest` is absent or names `chosen`.
 fn latest_note(chosen: &Path, skipped: &[Skipped]) -> Option<String> {
     let root = chosen.parent()?;
-    let named = fs::read_to_string(root.join(LATEST)).ok()?;
+    let bytes = fs::read(root.join(LATEST)).ok()?;
+    let named = String::from_utf8_lossy(&bytes);
     let named = named.trim();
     let using = name_of(chosen);
     if named == using || skipped.iter().any(|s| name_of(&s.dir) == named) {
@@ -148,9 +157,10 @@ fn latest_note(chosen: &Path, skipped: &[Skipped]) -> Option<String> {
     }
     // A damaged `latest` is shown quoted and cut short.
     let plain = !named.is_empty() && named.len() <= 64 && named.bytes().all(|b| b.is_ascii_graphic());
-    let shown = match plain {
-        true => named.to_string(),
-        false => format!("{:?}", named.chars().take(64).collect::<String>()),
+    let shown = match (plain, named.chars().count() > 64) {
+        (true, _) => named.to_string(),
+        (false, false) => format!("{named:?}"),
+        (false, true) => format!("{:?}… ({} bytes)", named.chars().take(64).collect::<String>(), bytes.len()),
     };
     let is_dir = plain && !named.contains('/') && root.join(named).is_dir();
     Some(match is_dir {
@@ -242,6 +252,15 @@ mod tests {
             note("\u{1b}[31mjunk").as_deref(),
             Some("checkpoints/latest names \"\\u{1b}[31mjunk\", which is missing; using step-00000008")
         );
+        fs::write(root.join(LATEST), [0xff, 0xfe, b's']).unwrap();
+        assert_eq!(
+            latest_note(&chosen, &[]).as_deref(),
+            Some("checkpoints/latest names \"\u{fffd}\u{fffd}s\", which is missing; using step-00000008"),
+            "not UTF-8"
+        );
+        fs::write(root.join(LATEST), "x".repeat(500)).unwrap();
+        let long = latest_note(&chosen, &[]).unwrap();
+        assert!(long.contains(&format!("\"{}\"… (500 bytes)", "x".repeat(64))), "{long}");
         let skipped = [Skipped { dir: root.join("step-00000999"), problem: Problem::Missing("x".into()) }];
         fs::write(root.join(LATEST), "step-00000999").unwrap();
         assert_eq!(latest_note(&chosen, &skipped), None, "already said as skipped");

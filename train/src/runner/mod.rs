@@ -2,7 +2,7 @@
 //!
 //! [`train`] sets the run up ([`setup`]: devices, data, vocabulary, model, resume checks, run
 //! files), starts one replica per device ([`replica`]: the loop body, logging through a
-//! `meter`), and reports how the run ended. [`feed`] builds each rank's batches ahead on a
+//! `meter`), and reports how the run ended. `run_data` opens (or prepares) the data. [`feed`] builds each rank's batches ahead on a
 //! background thread; [`controls`] carries stop, checkpoint and pause requests from other
 //! threads (Ctrl-C, the dashboard); [`lock`] keeps a second training out of the run directory.
 //!
@@ -14,6 +14,7 @@ pub mod feed;
 pub mod lock;
 mod meter;
 mod replica;
+mod run_data;
 mod same_data;
 mod setup;
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use burn::tensor::backend::AutodiffBackend;
-use ember_data::{PrepareOptions, PreparedData, SamplerState, TokenizerKind};
+use ember_data::{PreparedData, SamplerState};
 use ember_model::LanguageModel;
 
 use crate::config::{ConfigError, RunConfig};
@@ -91,10 +91,20 @@ pub(super) fn start<B: AutodiffBackend>(
         let message = "several nodes need prepared data (run `ember prepare` once), not a text file";
         return Err(config.origin.at("data", message).into());
     }
-    let data = open_data(config, run_dir, resume, force, log)?;
-    // A run without a checkpoint has nothing to resume; the newest checkpoint that verifies
-    // against its manifest is the one loaded (each newer one skipped is logged).
-    let latest = if resume { Some(checkpoint::newest(run_dir, log)?) } else { None };
+    let data = super::run_data::open_data(config, run_dir, resume, force, log)?;
+    // The newest checkpoint that verifies against its manifest is the one loaded (each newer
+    // one skipped is logged). A run that stopped before its first checkpoint starts again from
+    // step 0 (a requeued job preempted early), as torchtitan does with no checkpoint to load.
+    // (Only a run that was set up there: its config.toml and data_meta.json written.)
+    let set_up = [files::CONFIG, files::DATA_META].iter().all(|f| run_dir.join(f).is_file());
+    let from_scratch = resume && set_up && !checkpoint::any_checkpoint(run_dir)?;
+    if from_scratch {
+        log(&format!(
+            "{} has no checkpoint yet (the run stopped before its first): starting it from step 0",
+            run_dir.display()
+        ));
+    }
+    let latest = if resume && !from_scratch { Some(checkpoint::newest(run_dir, log)?) } else { None };
     if resume {
         super::same_data::check_same_data(run_dir, &data)?;
     }
@@ -142,7 +152,7 @@ pub(super) fn start<B: AutodiffBackend>(
         loss_scaler: None,
     };
     let mut resume_dir = None;
-    if let (Some(path), false) = (&config.init_from, resume) {
+    if let (Some(path), None) = (&config.init_from, &latest) {
         model = ember_model::hf::load(model, path)?;
         log(&format!("initialized from {}", path.display()));
     }
@@ -165,6 +175,14 @@ pub(super) fn start<B: AutodiffBackend>(
         log(&format!("resumed from {} (step {})", dir.display(), state.step));
         resume_dir = Some(dir);
     }
+    if from_scratch && leads {
+        // The records of the attempt that reached no checkpoint (checked to be Ember's first).
+        let path = run_dir.join(files::METRICS);
+        if path.exists() {
+            metrics::truncate_after(&path, 0, log)?;
+            fs::remove_file(&path).map_err(TrainError::io(&path))?;
+        }
+    }
     if leads {
         write_run_files(config, &data, run_dir)?;
     }
@@ -180,105 +198,6 @@ pub(super) struct Setup {
     pub leads: bool,
     /// Replace `RUN_DIR/data` prepared from another text than `--data`'s.
     pub force: bool,
-}
-
-/// Opens the run's prepared data: `config.data` is a prepared directory, or a text file that
-/// is prepared into `RUN_DIR/data` once. A new run given another text than the one
-/// `RUN_DIR/data` was prepared from prepares it again only with `force` (it may be a dataset
-/// the user prepared there); a resume given another text is refused. On return `config.data`
-/// names the prepared directory as an absolute path.
-///
-/// Errors: no `data`; data that cannot be prepared or opened; `RUN_DIR/data` prepared from
-/// another text (without `force`, or on a resume); prepared data of another tokenizer than the
-/// config's `tokenizer`.
-fn open_data(
-    config: &mut RunConfig,
-    run_dir: &Path,
-    resume: bool,
-    force: bool,
-    log: &mut dyn FnMut(&str),
-) -> Result<PreparedData, TrainError> {
-    let given = config.data.clone().ok_or_else(|| {
-        ConfigError::at(
-            &config.origin.path,
-            "data",
-            "missing: set `data` in the config or pass --data DIR|FILE",
-        )
-    })?;
-    if !given.exists() {
-        let message = format!(
-            "{}: no such file or directory; expected a prepared data directory (`ember prepare --out DIR`) or a UTF-8 text file",
-            given.display()
-        );
-        return Err(config.origin.at("data", message).into());
-    }
-    let dir = if given.is_file() {
-        let out = run_dir.join("data");
-        let prepared = out.join(ember_data::META_FILE).exists();
-        let stale = prepared && !prepared_from(&out, &given)?;
-        if stale && resume {
-            let message = format!(
-                "{} is not the text {} was prepared from (see its meta.json `sources`): a run continues on its own data; resume without --data, or start a new run",
-                given.display(),
-                out.display()
-            );
-            return Err(config.origin.at("data", message).into());
-        }
-        if stale && !force {
-            let message = format!(
-                "{} holds a dataset prepared from another text than {} (see its meta.json `sources`), which preparing {} would replace: pass --force to replace it, or choose another --run-dir",
-                out.display(),
-                given.display(),
-                given.display()
-            );
-            return Err(config.origin.at("data", message).into());
-        }
-        if !prepared || stale {
-            if stale {
-                log(&format!(
-                    "{} was prepared from another text: preparing {} again (--force)",
-                    out.display(),
-                    given.display()
-                ));
-            }
-            let tokenizer: TokenizerKind = config.tokenizer.as_deref().unwrap_or("char").parse()?;
-            let mut options = PrepareOptions::new(tokenizer, vec![given], out.clone());
-            options.progress = false;
-            // Only an Ember dataset is replaced, and only with --force (`stale` implies it).
-            options.force = stale;
-            ember_data::prepare(&options)?;
-        }
-        out
-    } else {
-        given
-    };
-    let data = PreparedData::open(&dir)?;
-    if let Some(wanted) = &config.tokenizer {
-        let kind = data.meta.tokenizer.kind();
-        if kind != wanted.parse::<TokenizerKind>()? {
-            return Err(ConfigError::at(
-                dir.join(ember_data::META_FILE),
-                "tokenizer",
-                format!("the config asks for {wanted:?} but the data was prepared with \"{kind}\""),
-            )
-            .into());
-        }
-    }
-    config.data = Some(fs::canonicalize(&dir).map_err(TrainError::io(&dir))?);
-    Ok(data)
-}
-
-/// Whether the prepared data in `dir` was made from exactly the text file `file` (one source
-/// of its size and SHA-256).
-fn prepared_from(dir: &Path, file: &Path) -> Result<bool, TrainError> {
-    let meta = ember_data::Meta::read(dir)?;
-    let size = fs::metadata(file).map_err(TrainError::io(file))?.len();
-    Ok(match meta.sources.as_slice() {
-        [source] if source.bytes == size => {
-            source.sha256 == ember_data::sha256_file(file).map_err(TrainError::io(file))?
-        }
-        _ => false,
-    })
 }
 
 /// The resolved config, the data's metadata and (for Hugging Face tokenizers) its
