@@ -62,11 +62,11 @@ pub fn run(args: TokenizerArgs) -> anyhow::Result<()> {
         out: a.out,
     })?;
     out!(
-        "wrote {}: byte-level BPE, vocabulary {} (<|endoftext|> = {}), trained on {} bytes from {}",
+        "wrote {}: byte-level BPE, vocabulary {} (<|endoftext|> = {}), trained on {} from {}",
         summary.out.display(),
         summary.vocab_size,
         summary.eos_id,
-        summary.input_bytes,
+        count(summary.input_bytes, "byte"),
         count(summary.sources.len(), "file"),
     );
     Ok(())

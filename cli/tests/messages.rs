@@ -339,3 +339,18 @@ fn a_dataset_prepared_from_another_text_is_replaced_only_with_force() {
         "error: --data nowhere: key `data`: nowhere: no such file or directory; expected a prepared data directory (`ember prepare --out DIR`) or a UTF-8 text file"
     );
 }
+
+/// A resume given a text file, of a run trained on a prepared directory: refused before the text
+/// is prepared into the run directory.
+#[test]
+fn a_resume_on_a_text_the_run_was_not_trained_on_writes_nothing() {
+    let dir = workdir();
+    let w = dir.path();
+    ok(&["train", "--config", "tiny.toml", "--run-dir", "run", "--set", "max_steps=2", "--no-tui"], w);
+    let err = fails(&["train", "--resume", "run", "--data", "corpus.txt", "--set", "max_steps=3"], w);
+    assert_eq!(
+        err.trim_end(),
+        "error: --data corpus.txt: key `data`: this run was not trained on a text prepared into run/data (it holds no dataset): a run continues on its own data; resume without --data corpus.txt"
+    );
+    assert!(!w.join("run/data").exists(), "nothing prepared");
+}

@@ -90,9 +90,9 @@ pub fn for_run(run_dir: &Path, config: Option<&RunConfig>) -> Dashboard {
         .then(|| ember_train::observe::accounting::estimate_run(&c, c.peak_flops, 0.4));
     let params = estimate.as_ref().map_or(String::new(), |e| format!(" · {} params", e.params));
     let summary = format!(
-        "{}{params} · {} tokens/step ({} × {} × {} × {}) · lr {:.1e} · {:?}",
+        "{}{params} · {}/step ({} × {} × {} × {}) · lr {:.1e} · {:?}",
         c.model.arch(),
-        c.tokens_per_step(world),
+        count(c.tokens_per_step(world), "token"),
         c.micro_batch_size,
         c.accumulation_steps,
         count(world, "rank"),

@@ -96,8 +96,8 @@ pub fn check_output_dir(
     let differ: Vec<String> = ours.iter().filter(|n| !owned.verifies(out, n)).cloned().collect();
     if !differ.is_empty() {
         return Err(not_ours(format!(
-            "{} not the bytes its meta.json lists (sha256 differs: a file of yours under an \
-             Ember name, or a dataset damaged since it was prepared)",
+            "{} not the bytes its meta.json (or replacement record) lists (sha256 differs: a \
+             file of yours under an Ember name, or a dataset damaged since it was prepared)",
             match differ.len() {
                 1 => format!("{} is", differ[0]),
                 _ => format!("{} are", list(&differ)),

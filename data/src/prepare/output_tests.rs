@@ -122,7 +122,7 @@ fn only_files_a_valid_meta_or_a_replacement_record_lists_with_their_bytes_are_re
     std::fs::copy(real.join("meta.json"), out.join("meta.json")).unwrap();
     let err = check_output_dir(&out, true, &[], false).unwrap_err().to_string();
     assert!(
-        err.contains("documents.bin, tokens-00000.bin are not the bytes its meta.json lists (sha256 differs")
+        err.contains("documents.bin, tokens-00000.bin are not the bytes its meta.json (or replacement record) lists (sha256 differs")
             && err.contains("even with --force"),
         "{err}"
     );
@@ -201,4 +201,23 @@ fn a_foreign_tokenizer_json_is_not_overwritten_and_a_file_is_not_a_directory() {
     let err = prepare(&opts(&input, &file)).unwrap_err().to_string();
     assert!(err.contains("a_file: it is a file; expected a directory"), "{err}");
     assert_eq!(std::fs::read(&file).unwrap(), b"x");
+}
+
+/// A `prepare` killed mid-way leaves its staging directory beside `--out`; the next one removes
+/// those of processes that are gone, and nothing else.
+#[cfg(target_os = "linux")]
+#[test]
+fn staging_directories_of_killed_runs_are_removed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = write(&tmp.path().join("corpus.txt"), b"hello");
+    // PIDs above Linux's largest (2^22) never exist.
+    let dead = tmp.path().join(".ember-prepare-999999999-AbCdEf");
+    let alive = tmp.path().join(format!(".ember-prepare-{}-XyZ", std::process::id()));
+    let older = tmp.path().join(".ember-prepare-QwErTy");
+    for dir in [&dead, &alive, &older] {
+        write(&dir.join("tokens-00000.bin"), b"\x00\x00");
+    }
+    prepare(&opts(&input, &tmp.path().join("out"))).unwrap();
+    assert!(!dead.exists(), "a dead process's staging is removed");
+    assert!(alive.exists() && older.exists(), "a live process's, and other names, are kept");
 }

@@ -74,8 +74,9 @@ impl StreamWriter {
             _ => Path::new("."),
         };
         std::fs::create_dir_all(parent).map_err(|e| DataError::io("cannot create directory", parent, e))?;
+        remove_dead_stagings(parent);
         let staging = tempfile::Builder::new()
-            .prefix(".ember-prepare-")
+            .prefix(&format!("{STAGING_PREFIX}{}-", std::process::id()))
             .tempdir_in(parent)
             .map_err(|e| DataError::io("cannot create a staging directory in", parent, e))?;
         let documents = HashedFile::create(staging.path().join(DOCUMENTS_FILE))?;
@@ -165,6 +166,34 @@ pub(crate) struct Finished {
     pub documents_sha256: String,
     /// SHA-256 of prompts.bin (SFT).
     pub prompts_sha256: Option<String>,
+}
+
+/// Prefix of a staging directory's name, followed by the PID of the `prepare` that made it.
+const STAGING_PREFIX: &str = ".ember-prepare-";
+
+/// Removes the staging directories in `parent` left by `prepare` runs that were killed (a
+/// process whose PID no longer exists; Linux, where `/proc` tells). Others' — a `prepare`
+/// running beside this one — and directories of any other name are left alone; a failure to
+/// remove one is ignored (it is only disk space).
+fn remove_dead_stagings(parent: &Path) {
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(parent) else { return };
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) =
+            name.strip_prefix(STAGING_PREFIX).and_then(|rest| rest.split_once('-')).map(|(p, _)| p)
+        else {
+            continue;
+        };
+        let dead = !pid.is_empty()
+            && pid.bytes().all(|b| b.is_ascii_digit())
+            && !Path::new("/proc").join(pid).exists();
+        if dead && entry.file_type().is_ok_and(|t| t.is_dir()) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// Writes `meta_json` into the staging directory and moves everything into `out`:

@@ -55,7 +55,7 @@ pub(super) fn open_data(
         if resume && !prepared {
             // Preparing it now would change the run directory before the data check refuses.
             let message = format!(
-                "{} holds no dataset prepared from {}: this run was not trained on that text (a run continues on its own data); resume without --data",
+                "this run was not trained on a text prepared into {} (it holds no dataset): a run continues on its own data; resume without --data {}",
                 out.display(),
                 given.display()
             );

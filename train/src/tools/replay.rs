@@ -386,8 +386,14 @@ impl fmt::Display for ReplayReport {
         for m in &self.micro_batches {
             writeln!(
                 f,
-                "rank {} micro-batch {}: loss {:.6} | grad norm {:.6} | {} scored tokens | epoch {} rows {:?}",
-                m.rank, m.micro_step, m.loss, m.grad_norm, m.scored_tokens, m.source.epoch, m.source.rows
+                "rank {} micro-batch {}: loss {:.6} | grad norm {:.6} | {} | epoch {} rows {:?}",
+                m.rank,
+                m.micro_step,
+                m.loss,
+                m.grad_norm,
+                crate::observe::words::count(m.scored_tokens, "scored token"),
+                m.source.epoch,
+                m.source.rows
             )?;
             for (row, text) in m.source.rows.iter().zip(&m.previews) {
                 writeln!(f, "    row {row:>8}: \"{text}\"")?;
