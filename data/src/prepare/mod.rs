@@ -294,13 +294,13 @@ fn prepare_files(opts: &PrepareOptions, files: &[PathBuf]) -> Result<PrepareSumm
         empty_documents: reader.stats.empty_documents,
     };
     // Checked again: the directory may have changed while the corpus was tokenized.
-    let replaced = check_output_dir(
+    let replaced = output::replaceable(
         &opts.out,
         opts.force,
         &kept_inputs(opts, files),
         tokenizer.hf_file_bytes().is_some(),
     )?;
-    commit(finished.staging, &opts.out, &meta.to_json(), &replaced)?;
+    commit(finished.staging, &opts.out, &meta, &replaced)?;
     let seconds = start.elapsed().as_secs_f64();
     Ok(PrepareSummary { meta, out: opts.out.clone(), input_bytes: reader.stats.bytes, seconds })
 }

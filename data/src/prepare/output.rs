@@ -38,6 +38,18 @@ pub fn check_output_dir(
     keep: &[PathBuf],
     writes_tokenizer: bool,
 ) -> Result<Vec<PathBuf>, DataError> {
+    let replaced = replaceable(out, force, keep, writes_tokenizer)?;
+    Ok(replaced.into_iter().map(|(path, _)| path).collect())
+}
+
+/// [`check_output_dir`], each file to replace with its SHA-256 as verified (what the
+/// replacement's record lists).
+pub(crate) fn replaceable(
+    out: &Path,
+    force: bool,
+    keep: &[PathBuf],
+    writes_tokenizer: bool,
+) -> Result<Vec<(PathBuf, String)>, DataError> {
     let refuse = |reason: String| DataError::OutputInUse { dir: out.into(), reason };
     match std::fs::metadata(out) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -93,7 +105,9 @@ pub fn check_output_dir(
     }
     // Before anything is removed: each file's bytes are the ones listed (a file of the user's
     // under an Ember name, or a dataset damaged since, is not replaced).
-    let differ: Vec<String> = ours.iter().filter(|n| !owned.verifies(out, n)).cloned().collect();
+    let verified: Vec<Option<String>> = ours.iter().map(|n| owned.verified(out, n)).collect();
+    let differ: Vec<String> =
+        ours.iter().zip(&verified).filter(|(_, sha)| sha.is_none()).map(|(n, _)| n.clone()).collect();
     if !differ.is_empty() {
         return Err(not_ours(format!(
             "{} not the bytes its meta.json (or replacement record) lists (sha256 differs: a \
@@ -114,7 +128,12 @@ pub fn check_output_dir(
         )));
     }
     // The record goes with the dataset it describes (a new one is written for this replacement).
-    Ok(ours.into_iter().filter(|n| n != REPLACING_FILE).map(|n| out.join(n)).collect())
+    Ok(ours
+        .into_iter()
+        .zip(verified.into_iter().flatten())
+        .filter(|(n, _)| n != REPLACING_FILE)
+        .map(|(n, sha)| (out.join(n), sha))
+        .collect())
 }
 
 /// `a, b, c` or `a, b, … and N more`.

@@ -147,7 +147,14 @@ fn only_files_a_valid_meta_or_a_replacement_record_lists_with_their_bytes_are_re
     // A replacement interrupted after removing the old meta.json: its record names the files.
     std::fs::remove_file(out.join("meta.json")).unwrap();
     let files = [out.join("documents.bin"), out.join("tokens-00000.bin"), real.join("meta.json")];
-    Replacing::of(files.iter()).unwrap().write(&out).unwrap();
+    let record = || {
+        let hashed = files.iter().map(|path| {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            (name, crate::sha256_file(path).unwrap())
+        });
+        Replacing { files: hashed.collect() }
+    };
+    record().write(&out).unwrap();
     let err = check_output_dir(&out, false, &[], false).unwrap_err().to_string();
     assert!(
         err.contains(
@@ -171,7 +178,7 @@ fn only_files_a_valid_meta_or_a_replacement_record_lists_with_their_bytes_are_re
     std::fs::write(out.join(".ember-replacing.json"), forged).unwrap();
     write(&out.join("tokenizer.json"), b"{}");
     assert!(check_output_dir(&out, true, &[], false).is_err(), "documents.bin is listed by nothing now");
-    Replacing::of(files.iter()).unwrap().write(&out).unwrap();
+    record().write(&out).unwrap();
     let mut o = opts(&input, &out);
     o.force = true;
     prepare(&o).unwrap();

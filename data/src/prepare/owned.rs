@@ -53,43 +53,37 @@ impl Owned {
         self.entries.iter().any(|(n, _)| n == name)
     }
 
-    /// Whether `out/name` is listed with the bytes it has now (reads the file to hash it).
-    pub(crate) fn verifies(&self, out: &Path, name: &str) -> bool {
-        let hashes: Vec<Option<&str>> =
-            self.entries.iter().filter(|(n, _)| n == name).map(|(_, sha)| sha.as_deref()).collect();
-        if hashes.contains(&None) {
-            return !hashes.is_empty();
-        }
-        let Ok(actual) = sha256_file(&out.join(name)) else { return false };
-        hashes.contains(&Some(actual.as_str()))
+    /// The SHA-256 of `out/name` when it is listed with the bytes it has now (reads the file
+    /// to hash it; one known by name alone is hashed as it is).
+    pub(crate) fn verified(&self, out: &Path, name: &str) -> Option<String> {
+        let mut hashes = self.entries.iter().filter(|(n, _)| n == name).map(|(_, sha)| sha.as_deref());
+        let actual = sha256_file(&out.join(name)).ok()?;
+        hashes.any(|sha| sha.is_none_or(|sha| sha == actual)).then_some(actual)
     }
 }
 
-/// The files `out/meta.json` lists, if it is a valid Ember `meta.json`: of this format, a whole
-/// [`Meta`] whose counts agree (itself, its shards, `documents.bin`, `prompts.bin` and an hf
-/// `tokenizer.json`, each with its SHA-256). A format-1 `meta.json` proves nothing (it
-/// recorded no hashes, and `train.bin`, `val.bin` are nanoGPT's names as well).
+/// The files `out/meta.json` lists, if it is a valid Ember `meta.json` — a whole [`Meta`] of
+/// this format whose counts agree: itself (known by its validity), and [`listed`]. A format-1
+/// `meta.json` proves nothing ([`Meta::read`] refuses it: it recorded no hashes, and its
+/// `train.bin`, `val.bin` are nanoGPT's names as well).
 fn meta_entries(out: &Path) -> Vec<(String, Option<String>)> {
-    let Ok(text) = std::fs::read(out.join(META_FILE)) else { return Vec::new() };
-    let Ok(json) = serde_json::from_slice::<serde_json::Value>(&text) else { return Vec::new() };
-    match json.get("format_version").and_then(|v| v.as_u64()) {
-        // Format 1 listed no hashes and its file names are nanoGPT's too: nothing provable.
-        Some(1) => Vec::new(),
-        Some(_) => match Meta::read(out) {
-            Ok(meta) => {
-                let mut entries: Vec<(String, Option<String>)> = vec![(META_FILE.into(), None)];
-                entries.extend(meta.shards.iter().map(|s| (s.file.clone(), Some(s.sha256.clone()))));
-                entries.push((DOCUMENTS_FILE.into(), Some(meta.documents_sha256.clone())));
-                if let Some(sha) = &meta.prompts_sha256 {
-                    entries.push((PROMPTS_FILE.into(), Some(sha.clone())));
-                }
-                if let TokenizerSpec::Hf { file, sha256, .. } = &meta.tokenizer {
-                    entries.push((file.clone(), Some(sha256.clone())));
-                }
-                entries
-            }
-            Err(_) => Vec::new(),
-        },
-        None => Vec::new(),
+    let Ok(meta) = Meta::read(out) else { return Vec::new() };
+    let listed = listed(&meta).into_iter().map(|(name, sha)| (name, Some(sha)));
+    std::iter::once((META_FILE.to_string(), None)).chain(listed).collect()
+}
+
+/// Every file `meta` lists with its SHA-256, `meta.json` aside: its shards, `documents.bin`,
+/// `prompts.bin` (SFT) and an hf `tokenizer.json` — what a dataset's own meta.json proves, and
+/// what a replacement moves in.
+pub(crate) fn listed(meta: &Meta) -> Vec<(String, String)> {
+    let mut files: Vec<(String, String)> =
+        meta.shards.iter().map(|s| (s.file.clone(), s.sha256.clone())).collect();
+    files.push((DOCUMENTS_FILE.into(), meta.documents_sha256.clone()));
+    if let Some(sha) = &meta.prompts_sha256 {
+        files.push((PROMPTS_FILE.into(), sha.clone()));
     }
+    if let TokenizerSpec::Hf { file, sha256, .. } = &meta.tokenizer {
+        files.push((file.clone(), sha256.clone()));
+    }
+    files
 }

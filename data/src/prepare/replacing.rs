@@ -5,9 +5,8 @@
 //! dataset's name and the bytes the record names (a record written by hand cannot make a
 //! user's file Ember's without its exact hash).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use crate::digest::sha256_file;
 use crate::DataError;
 
 /// The record's name in a prepared directory.
@@ -23,20 +22,6 @@ pub(crate) struct Replacing {
 }
 
 impl Replacing {
-    /// The record of `paths` (the old dataset's files and the new, staged ones), hashing each.
-    ///
-    /// Errors: a file that cannot be read.
-    pub(crate) fn of<'a>(paths: impl Iterator<Item = &'a PathBuf>) -> Result<Self, DataError> {
-        let files = paths
-            .map(|path| {
-                let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
-                let sha = sha256_file(path).map_err(|e| DataError::io("cannot read", path, e))?;
-                Ok((name, sha))
-            })
-            .collect::<Result<_, DataError>>()?;
-        Ok(Self { files })
-    }
-
     /// The record in `out`, if there is one that parses.
     pub(crate) fn read(out: &Path) -> Option<Self> {
         serde_json::from_slice(&std::fs::read(out.join(REPLACING_FILE)).ok()?).ok()

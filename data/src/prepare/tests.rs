@@ -311,6 +311,12 @@ fn hf_tokenizer_is_copied_and_reloaded() {
     assert_eq!(all.len(), n);
     assert_eq!(tok.decode(&all[..n - 1]).unwrap(), text);
     assert_eq!(all[n - 1], 0);
+    // A replacement's record lists the new files with the hashes meta.json gives them: they
+    // must be the files' own, tokenizer.json's included, or a crash mid-replacement would
+    // leave files that no longer count as Ember's.
+    for (name, sha) in crate::prepare::owned::listed(&s.meta) {
+        assert_eq!(crate::sha256_file(&out.join(&name)).unwrap(), sha, "{name}");
+    }
 }
 
 #[test]

@@ -7,8 +7,10 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use super::owned::listed;
 use super::replacing::{Replacing, REPLACING_FILE};
-use crate::meta::{shard_file_name, DOCUMENTS_FILE, META_FILE, PROMPTS_FILE};
+use crate::digest::sha256_hex;
+use crate::meta::{shard_file_name, Meta, DOCUMENTS_FILE, META_FILE, PROMPTS_FILE};
 use crate::stream::encode_tokens_into;
 use crate::{DataError, ShardInfo, TokenDtype};
 
@@ -196,7 +198,7 @@ fn remove_dead_stagings(parent: &Path) {
     }
 }
 
-/// Writes `meta_json` into the staging directory and moves everything into `out`:
+/// Writes `meta` (as JSON) into the staging directory and moves everything into `out`:
 /// if `out` does not exist, the staging directory is renamed to it (atomic); otherwise a
 /// replacement record ([`Replacing`]: the name and SHA-256 of every file removed and moved
 /// in) is written first, so that what a crash leaves is still provably Ember's
@@ -209,9 +211,10 @@ fn remove_dead_stagings(parent: &Path) {
 pub(crate) fn commit(
     staging: tempfile::TempDir,
     out: &Path,
-    meta_json: &str,
-    replaced: &[PathBuf],
+    meta: &Meta,
+    replaced: &[(PathBuf, String)],
 ) -> Result<(), DataError> {
+    let meta_json = meta.to_json();
     let meta_tmp = staging.path().join(META_FILE);
     {
         let mut f = HashedFile::create(meta_tmp)?;
@@ -231,13 +234,18 @@ pub(crate) fn commit(
             entry.map(|e| e.file_name()).map_err(|e| DataError::io("cannot list", staging.path(), e))
         })
         .collect::<Result<_, _>>()?;
-    let added: Vec<PathBuf> = staged.iter().map(|n| staging.path().join(n)).collect();
-    Replacing::of(replaced.iter().chain(&added))?.write(out)?;
+    // The old files' hashes as verified, the new ones' as `meta` lists them (the staged files
+    // are exactly those): nothing is read again.
+    let name = |path: &PathBuf| path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+    let removed = replaced.iter().map(|(path, sha)| (name(path), sha.clone()));
+    let added = listed(meta).into_iter().chain([(META_FILE.to_string(), sha256_hex(meta_json.as_bytes()))]);
+    Replacing { files: removed.chain(added).collect() }.write(out)?;
     let old_meta = out.join(META_FILE);
-    if replaced.contains(&old_meta) {
+    let replaced: Vec<&PathBuf> = replaced.iter().map(|(path, _)| path).collect();
+    if replaced.contains(&&old_meta) {
         std::fs::remove_file(&old_meta).map_err(|e| DataError::io("cannot remove old", &old_meta, e))?;
     }
-    for path in replaced.iter().filter(|p| **p != old_meta) {
+    for path in replaced.into_iter().filter(|p| **p != old_meta) {
         std::fs::remove_file(path).map_err(|e| DataError::io("cannot remove old", path, e))?;
     }
     for file in staged.iter().filter(|n| *n != META_FILE) {

@@ -1,10 +1,11 @@
 //! # runner — a training run from start to finish
 //!
-//! [`train`] sets the run up ([`setup`]: devices, data, vocabulary, model, resume checks, run
-//! files), starts one replica per device ([`replica`]: the loop body, logging through a
-//! `meter`), and reports how the run ended. `run_data` opens (or prepares) the data. [`feed`] builds each rank's batches ahead on a
-//! background thread; [`controls`] carries stop, checkpoint and pause requests from other
-//! threads (Ctrl-C, the dashboard); [`lock`] keeps a second training out of the run directory.
+//! [`train`] sets the run up ([`setup`]: devices, data — opened or prepared by `run_data` —,
+//! vocabulary, model, resume checks, run files), starts one replica per device ([`replica`]:
+//! the loop body, logging through a `meter`), and reports how the run ended. [`feed`] builds
+//! each rank's batches ahead on a background thread; [`controls`] carries stop, checkpoint and
+//! pause requests from other threads (Ctrl-C, the dashboard); [`lock`] keeps a second training
+//! out of the run directory.
 //!
 //! May use: everything before it — [`crate::config`], [`crate::observe`], [`crate::step`],
 //! [`crate::parallel`], [`crate::persist`].
