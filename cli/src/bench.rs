@@ -19,7 +19,7 @@ pub struct BenchArgs {
     /// Untimed steps first.
     #[arg(long, allow_negative_numbers = true, default_value_t = 3)]
     warmup: usize,
-    /// flex (CPU) or cuda (default: the config's).
+    /// flex (CPU), cuda or wgpu (default: the config's).
     #[arg(long, value_parser = crate::parse_backend)]
     backend: Option<BackendKind>,
     /// Peak FLOP/s of the device for MFU (default: the config's `peak_flops`, else the GPU table).
@@ -28,8 +28,8 @@ pub struct BenchArgs {
     /// Override a config key.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// Skip measuring the device's f32 matmul FLOP/s (a 2048³ matmul on the CPU, 8192³ on
-    /// CUDA, 7 runs) and the MFU against it.
+    /// Skip measuring the device's f32 matmul FLOP/s (a 2048³ matmul on the CPU and on wgpu,
+    /// 8192³ on CUDA, 7 runs) and the MFU against it.
     #[arg(long)]
     no_matmul_peak: bool,
     /// Print JSON instead of a table.

@@ -186,6 +186,7 @@ fn table(e: &Estimate, config: &RunConfig) -> String {
                     )
                 }
                 BackendKind::Cuda => "— (CUDA: the peak is per device)".into(),
+                BackendKind::Wgpu => "— (wgpu: the peak is per device)".into(),
             },
         ),
         (

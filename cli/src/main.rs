@@ -132,7 +132,8 @@ enum Command {
         /// tensor).
         #[arg(long, value_name = "DIR")]
         fixture: PathBuf,
-        /// The backend to run on: flex (CPU) or cuda (a build with `--features ember/cuda`).
+        /// The backend to run on: flex (CPU), cuda or wgpu (a build with `--features ember/cuda` or
+        /// `--features ember/wgpu`).
         #[arg(long, value_parser = parse_backend, default_value = "flex")]
         backend: BackendKind,
         /// What Ember computes in: fp32, or bf16-mixed (bfloat16 matmuls; looser tolerances).
@@ -170,7 +171,8 @@ pub(crate) fn parse_backend(s: &str) -> Result<BackendKind, String> {
     match s {
         "flex" => Ok(BackendKind::Flex),
         "cuda" => Ok(BackendKind::Cuda),
-        other => Err(format!("expected flex or cuda, got {other:?}")),
+        "wgpu" => Ok(BackendKind::Wgpu),
+        other => Err(format!("expected flex, cuda or wgpu, got {other:?}")),
     }
 }
 

@@ -90,7 +90,7 @@ pub fn for_run(run_dir: &Path, config: Option<&RunConfig>) -> Dashboard {
         .then(|| ember_train::observe::accounting::estimate_run(&c, c.peak_flops, 0.4));
     let params = estimate.as_ref().map_or(String::new(), |e| format!(" · {} params", e.params));
     let summary = format!(
-        "{}{params} · {}/step ({} × {} × {} × {}) · lr {:.1e} · {:?}",
+        "{}{params} · {}/step ({} × {} × {} × {}) · lr {:.1e} · {}",
         c.model.arch(),
         count(c.tokens_per_step(world), "token"),
         c.micro_batch_size,
@@ -98,7 +98,7 @@ pub fn for_run(run_dir: &Path, config: Option<&RunConfig>) -> Dashboard {
         count(world, "rank"),
         c.model.block_size(),
         c.optimizer.lr,
-        c.backend
+        ember_train::observe::device::describe_device(c.backend, c.device)
     );
     Dashboard::new(title, summary, c.max_steps, world, estimate)
 }

@@ -19,6 +19,20 @@ pub enum BackendKind {
     Flex,
     /// `burn-cuda` (needs the `cuda` cargo feature and an NVIDIA driver).
     Cuda,
+    /// `burn-wgpu`: Vulkan, Metal or DX12 through CubeCL's WGSL shaders (needs the `wgpu` cargo
+    /// feature and a driver; Mesa's lavapipe runs it on the CPU).
+    Wgpu,
+}
+
+impl BackendKind {
+    /// Its name in configs and on the command line: `flex`, `cuda` or `wgpu`.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Flex => "flex",
+            BackendKind::Cuda => "cuda",
+            BackendKind::Wgpu => "wgpu",
+        }
+    }
 }
 
 /// Floating-point mode of the training step (`precision`): what the forward and backward
@@ -229,7 +243,7 @@ pub struct RunConfig {
     /// Optimizer steps of batches built ahead on a background thread.
     #[serde(default = "defaults::prefetch_depth")]
     pub prefetch_depth: usize,
-    /// Backend: `"flex"` (CPU) or `"cuda"`.
+    /// Backend: `"flex"` (CPU), `"cuda"` or `"wgpu"`.
     #[serde(default)]
     pub backend: BackendKind,
     /// Floating-point mode: `"fp32"` (default), `"bf16-mixed"` or `"fp16-mixed"`.
@@ -247,12 +261,13 @@ pub struct RunConfig {
     /// CUDA); `false` starts anyway (`observe::fits`).
     #[serde(default = "defaults::yes", skip_serializing_if = "defaults::is_true")]
     pub check_memory: bool,
-    /// Device index for CUDA (`cuda:N`); the first of `devices` when there are several.
+    /// Device index for CUDA (`cuda:N`) or wgpu (the N-th adapter, `wgpu:N`); the first of
+    /// `devices` when there are several.
     #[serde(default)]
     pub device: usize,
     /// Data-parallel replicas in this process, one thread and one model each: a count (`2`:
-    /// CUDA devices `device`, `device + 1`; on the CPU, burn-flex replicas) or CUDA device
-    /// indices (`[0, 1]`).
+    /// CUDA devices or wgpu adapters `device`, `device + 1`; on the CPU, burn-flex replicas) or
+    /// CUDA device / wgpu adapter indices (`[0, 1]`).
     #[serde(default)]
     pub devices: Devices,
     /// Data parallelism across processes and its gradient exchange (`[parallel]`).

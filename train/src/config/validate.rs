@@ -4,7 +4,7 @@
 use ember_model::ModelConfig;
 
 use super::parallel::Devices;
-use super::schema::{RunConfig, VocabSource};
+use super::schema::{BackendKind, PrecisionKind, RunConfig, VocabSource};
 
 /// A run whose rough memory bound ([`RunConfig::check_magnitude`]) passes this many bytes
 /// (1 EiB) is refused: no machine holds it, and sums of such sizes would wrap around in the
@@ -104,6 +104,13 @@ impl RunConfig {
                     ));
                 }
             }
+        }
+        if self.backend == BackendKind::Wgpu && self.precision == PrecisionKind::Bf16Mixed {
+            return Err(Invalid::given(
+                "precision",
+                &["backend"],
+                "bf16-mixed needs bfloat16 and the wgpu backend has no bfloat16 (WGSL has f16 only): use precision = \"fp16-mixed\" (with loss scaling) or \"fp32\" on wgpu".into(),
+            ));
         }
         positive("parallel.nodes", self.parallel.nodes as u64)?;
         positive("parallel.timeout_s", self.parallel.timeout_s)?;

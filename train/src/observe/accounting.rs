@@ -508,13 +508,14 @@ pub fn estimate_run(config: &RunConfig, peak_flops: Option<f64>, mfu: f64) -> Es
 }
 
 /// The table's peak FLOP/s for the device `config` runs on: the CUDA device's model name
-/// (from the driver) looked up in [`known_peak_flops`]; `None` on the CPU or for an unknown GPU.
+/// (from the driver) looked up in [`known_peak_flops`]; `None` on the CPU, on wgpu (whose adapter
+/// names are not the table's) or for an unknown GPU.
 pub fn table_peak_flops(config: &RunConfig) -> Option<f64> {
     match config.backend {
         BackendKind::Cuda => {
             super::device::gpu_model(config.device).and_then(|model| known_peak_flops(&model))
         }
-        BackendKind::Flex => None,
+        BackendKind::Flex | BackendKind::Wgpu => None,
     }
 }
 

@@ -74,11 +74,11 @@ pub const REGISTRY_BYTES_PER_REPLICA: u64 = 4_096;
 pub const REGISTRY_BYTES_PER_LAYER: u64 = 400;
 
 /// The memory the run of `config` can use on this machine, when it can be read cheaply: RAM
-/// for the CPU backend (Linux), nothing on CUDA.
+/// for the CPU backend (Linux), nothing on CUDA or wgpu.
 pub fn available(config: &RunConfig) -> Option<Available> {
     match config.backend {
         BackendKind::Flex => available_ram(),
-        BackendKind::Cuda => None,
+        BackendKind::Cuda | BackendKind::Wgpu => None,
     }
 }
 
@@ -109,6 +109,7 @@ pub fn check(config: &RunConfig, log: &mut dyn FnMut(&str)) -> Result<(), TrainE
         None => {
             let what = match config.backend {
                 BackendKind::Cuda => "the CUDA device's memory is not read",
+                BackendKind::Wgpu => "the wgpu adapter's memory is not read",
                 BackendKind::Flex => "the available RAM is unknown on this system",
             };
             log(&format!(

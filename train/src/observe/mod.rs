@@ -5,13 +5,15 @@
 //!   parameter, activations, 6·N·T, MFU) and the GPUs' peak FLOP/s;
 //! - [`events`]: the stability sentinel's event records;
 //! - [`fits`]: whether a run fits in memory, checked before its model is allocated;
-//! - [`device`]: device-pool memory on CUDA, process RSS, the GPU's name;
+//! - [`device`]: device-pool memory on CUDA and wgpu, process RSS, the GPU's name;
+//! - [`adapters`]: the wgpu adapters (`device = N`) and their description;
 //! - [`shards`]: how ZeRO-1 splits the parameters over ranks;
 //! - [`words`]: counts in words (`1 rank`, `2 ranks`).
 //!
 //! May use: [`crate::config`], [`crate::error`]. Nothing that trains.
 
 pub mod accounting;
+pub mod adapters;
 pub mod device;
 pub mod events;
 pub mod fits;

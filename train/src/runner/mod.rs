@@ -226,6 +226,7 @@ fn describe<B: AutodiffBackend>(
 ) {
     let census = AdamWGroups::<LanguageModel<B>, B>::new(&config.optimizer, model).census;
     log(&format!("model: {} with {} parameters; {census}", config.model.arch(), model.num_params()));
+    log(&format!("device: {}", crate::observe::device::describe_device(config.backend, config.device)));
     match config.precision {
         crate::config::PrecisionKind::Fp32 => log("precision: fp32"),
         crate::config::PrecisionKind::Bf16Mixed => {

@@ -32,22 +32,34 @@ pub(super) struct Start<B: AutodiffBackend> {
 
 /// One device per replica of `config`: `given`, or as many default devices.
 ///
-/// Errors: a number of devices other than the config's replicas.
+/// Errors: a number of devices other than the config's replicas; a device without the dtype
+/// of the config's mixed precision (e.g. a wgpu adapter without f16 for `fp16-mixed`).
 pub(super) fn devices<B: AutodiffBackend>(
     config: &RunConfig,
     given: Vec<B::Device>,
 ) -> Result<Vec<B::Device>, TrainError> {
     let wanted = config.devices.count();
-    match given.len() {
-        0 => Ok(vec![B::Device::default(); wanted]),
-        n if n == wanted => Ok(given),
-        n => Err(ConfigError::at(
-            &config.origin.path,
-            "devices",
-            format!("the config asks for {wanted} replicas but {n} devices were given"),
-        )
-        .into()),
+    let devices = match given.len() {
+        0 => vec![B::Device::default(); wanted],
+        n if n == wanted => given,
+        n => {
+            return Err(ConfigError::at(
+                &config.origin.path,
+                "devices",
+                format!("the config asks for {wanted} replicas but {n} devices were given"),
+            )
+            .into())
+        }
+    };
+    if let Some(dtype) = config.precision.mode().matmul_dtype() {
+        if let Some(device) = devices.iter().find(|d| !B::supports_dtype(d, dtype)) {
+            return Err(TrainError::Unsupported(format!(
+                "precision {}: device {device:?} cannot compute in {dtype:?}; use precision = \"fp32\"",
+                config.precision.name()
+            )));
+        }
     }
+    Ok(devices)
 }
 
 /// How a run's set-up ended.
@@ -135,9 +147,7 @@ pub(super) fn start<B: AutodiffBackend>(
     // Every rank starts from the same weights: built from the same seed here and copied to
     // each local replica (other processes build them the same way); the first step compares
     // the replicas' parameter hashes.
-    B::seed(device, config.seed);
-    let mut model: LanguageModel<B> =
-        config.model.init(device).map_err(|e| config.origin.at(&format!("model.{}", e.field), e.message))?;
+    let mut model: LanguageModel<B> = crate::step::init::seeded_model(config, device)?;
     let world_size = config.world_size();
     let mut state = TrainState {
         version: CHECKPOINT_VERSION,

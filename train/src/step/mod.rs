@@ -13,6 +13,7 @@
 //! - [`shard`]: ZeRO-1, the AdamW state sharded across ranks (`[parallel] shard_optimizer`);
 //! - [`sync`]: the gradient exchange as the step sees it ([`GradSync`], [`Solo`]);
 //! - [`batch`], [`eval`]: host batches to tensors; the validation loss;
+//! - [`init`]: the seeded initial weights, drawn on the CPU whatever the backend;
 //! - [`worker`]: a single-rank loop run on one of rayon's worker threads.
 //!
 //! May use: [`crate::config`], [`crate::observe`], [`crate::error`]. Knows no ranks' transport
@@ -22,6 +23,7 @@ pub mod adamw;
 pub mod batch;
 pub mod clip;
 pub mod eval;
+pub mod init;
 pub mod loss;
 pub mod optim;
 #[cfg(test)]

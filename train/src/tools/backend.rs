@@ -1,10 +1,12 @@
 //! Backend selection: `flex` (CPU) always; `cuda` when built with the `cuda` feature and a
-//! driver is present. Burn panics when CUDA is missing; Ember turns that into an error.
+//! driver is present; `wgpu` when built with the `wgpu` feature and a Vulkan (Metal, DX12)
+//! adapter is present. Burn panics when a driver or device is missing; Ember turns that into an
+//! error.
 
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::config::BackendKind;
+use crate::config::{BackendKind, PrecisionKind};
 use crate::error::TrainError;
 use crate::step::worker::on_pool_worker;
 
@@ -23,11 +25,14 @@ pub trait BackendTask {
     }
 }
 
-/// Runs `task` on `kind` with devices `indices` (CUDA device indices; on the CPU, one burn-flex
-/// device per index). On the CPU, a task with one device that is [`BackendTask::single_rank`]
+/// Runs `task` on `kind` with devices `indices` (CUDA device indices, wgpu adapter indices as
+/// [`crate::observe::adapters::adapters`] lists them; on the CPU, one burn-flex device per
+/// index). On wgpu the task runs on the calling thread, which must be the one thread that uses
+/// the device for the whole task (Burn 0.21 keeps a memory pool per thread). On the CPU, a task with one device that is [`BackendTask::single_rank`]
 /// runs on a worker thread of rayon's pool ([`on_pool_worker`]); the caller waits.
 ///
-/// Errors: `cuda` in a build without the `cuda` feature, or no usable CUDA device/driver.
+/// Errors: `cuda` or `wgpu` in a build without its feature, no usable CUDA device/driver, no
+/// wgpu adapter `index`.
 pub fn run_on<T: BackendTask + Send>(
     kind: BackendKind,
     indices: &[usize],
@@ -45,7 +50,44 @@ where
             }
         }
         BackendKind::Cuda => run_cuda(indices, task),
+        BackendKind::Wgpu => run_wgpu(indices, task),
     }
+}
+
+/// Refuses a precision the backend cannot compute in: `bf16-mixed` on wgpu (WGSL has f16 but
+/// no bfloat16), rather than falling back silently.
+///
+/// Errors: [`TrainError::Unsupported`] naming both and what to use instead.
+pub fn check_precision(kind: BackendKind, precision: PrecisionKind) -> Result<(), TrainError> {
+    match (kind, precision) {
+        (BackendKind::Wgpu, PrecisionKind::Bf16Mixed) => Err(TrainError::Unsupported(
+            "precision bf16-mixed on backend wgpu: WGSL has f16 but no bfloat16; use fp16-mixed (with loss scaling) or fp32 on wgpu, or bf16-mixed on flex or cuda".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(feature = "wgpu")]
+fn run_wgpu<T: BackendTask>(indices: &[usize], task: T) -> Result<T::Output, TrainError> {
+    use burn::backend::Wgpu;
+    let mut devices = Vec::new();
+    for &index in indices {
+        let (device, adapter) = crate::observe::adapters::wgpu_device(index).map_err(TrainError::Backend)?;
+        probe::<Wgpu>(&device).map_err(|message| {
+            TrainError::Backend(format!(
+                "wgpu adapter {index} ({adapter}) is not usable: {message}. Check its driver, or use backend = \"flex\""
+            ))
+        })?;
+        devices.push(device);
+    }
+    task.run::<Autodiff<Wgpu>>(devices)
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn run_wgpu<T: BackendTask>(_indices: &[usize], _task: T) -> Result<T::Output, TrainError> {
+    Err(TrainError::Backend(
+        "this ember was built without wgpu support; rebuild with `cargo build --release --features ember/wgpu` (and install a Vulkan driver) or use backend = \"flex\" (--backend flex)".into(),
+    ))
 }
 
 #[cfg(feature = "cuda")]
@@ -74,7 +116,7 @@ fn run_cuda<T: BackendTask>(_indices: &[usize], _task: T) -> Result<T::Output, T
 
 /// Allocates and reads back one tensor, turning Burn's panic (no driver, no device) into an
 /// error message.
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
 fn probe<B: burn::tensor::backend::Backend>(device: &B::Device) -> Result<(), String> {
     catch_panic(|| {
         burn::tensor::Tensor::<B, 1>::zeros([1], device).into_data();
@@ -83,7 +125,7 @@ fn probe<B: burn::tensor::backend::Backend>(device: &B::Device) -> Result<(), St
 
 /// Runs `f`, returning its panic message as an error. The panic hook is silenced meanwhile
 /// so no backtrace reaches the user.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "cuda", feature = "wgpu")), allow(dead_code))]
 fn catch_panic<R>(f: impl FnOnce() -> R) -> Result<R, String> {
     use std::panic::{catch_unwind, set_hook, take_hook, AssertUnwindSafe};
     let hook = take_hook();
@@ -128,6 +170,29 @@ mod tests {
     fn cuda_without_the_feature_is_a_clear_error() {
         let err = run_on(BackendKind::Cuda, &[0], Answer).unwrap_err().to_string();
         assert!(err.contains("built without CUDA"), "{err}");
+    }
+
+    #[cfg(not(feature = "wgpu"))]
+    #[test]
+    fn wgpu_without_the_feature_is_a_clear_error() {
+        let err = run_on(BackendKind::Wgpu, &[0], Answer).unwrap_err().to_string();
+        assert!(err.contains("built without wgpu") && err.contains("--features ember/wgpu"), "{err}");
+    }
+
+    #[cfg(feature = "wgpu")]
+    #[test]
+    fn a_missing_wgpu_adapter_is_an_error_naming_the_ones_there_are() {
+        let err = run_on(BackendKind::Wgpu, &[7], Answer).unwrap_err().to_string();
+        match crate::observe::adapters::adapters().len() {
+            0 => assert!(
+                err.contains("no Vulkan adapter found") && err.contains("mesa-vulkan-drivers"),
+                "{err}"
+            ),
+            n => assert!(
+                err.contains("wgpu adapter 7 does not exist") && err.contains(&format!(" {n}: ")),
+                "{err}"
+            ),
+        }
     }
 
     #[cfg(feature = "cuda")]

@@ -109,9 +109,7 @@ pub fn bench<B: AutodiffBackend>(
 ) -> Result<BenchReport, TrainError> {
     crate::observe::fits::check(config, &mut |_| {})?; // before the model is allocated
     let baseline_rss_bytes = rss_bytes("VmRSS:").unwrap_or(0);
-    B::seed(device, config.seed);
-    let mut model: LanguageModel<B> =
-        config.model.init(device).map_err(|e| config.origin.at(&format!("model.{}", e.field), e.message))?;
+    let mut model: LanguageModel<B> = crate::step::init::seeded_model(config, device)?;
     let mut optimizer = AdamWGroups::new(&config.optimizer, &model);
     let (vocab, seq_len) = (config.model.vocab_size(), config.model.block_size());
     let mut rng = ChaCha8Rng::seed_from_u64(config.seed);

@@ -6,15 +6,14 @@ use std::sync::Arc;
 use burn::tensor::backend::AutodiffBackend;
 use ember_data::{DataView, Split};
 
-use super::backend::{run_on, BackendTask};
+use super::backend::{check_precision, run_on, BackendTask};
 use super::bench::{bench, BenchReport};
 use super::sample::{generate, SampleOptions};
 use super::trained::{Source, Trained};
 use crate::config::{BackendKind, RunConfig};
 use crate::error::TrainError;
 use crate::observe::accounting::table_peak_flops;
-use crate::observe::device::gpu_model;
-use crate::observe::words::count;
+use crate::observe::device::describe_device;
 use crate::runner::{train, RunOptions, RunSummary};
 use crate::step::eval::{evaluate, Evaluation};
 
@@ -99,6 +98,7 @@ pub fn eval_run(
     let trained = Trained::open(source)?;
     let batches = batches.unwrap_or(trained.config.eval_batches);
     let (kind, index) = (backend.unwrap_or(trained.config.backend), trained.config.device);
+    check_precision(kind, trained.config.precision)?;
     run_on(kind, &[index], Task { trained, batches })
 }
 
@@ -129,7 +129,7 @@ pub fn sample_run(
 /// steps on random tokens. The vocabulary comes from `model.vocab_size`, the preset, or the
 /// prepared `data` directory. `peak_flops` overrides the device table for the MFU. With
 /// `matmul_peak`, also measures the device's f32 matmul FLOP/s ([`CPU_MATMUL_SIZE`]³ on the
-/// CPU, [`CUDA_MATMUL_SIZE`]³ on CUDA) for the MFU against it.
+/// CPU, [`CUDA_MATMUL_SIZE`]³ on CUDA, [`WGPU_MATMUL_SIZE`]³ on wgpu) for the MFU against it.
 ///
 /// Errors: an unknown vocabulary, an unusable backend.
 pub fn bench_run(
@@ -160,17 +160,17 @@ pub fn bench_run(
         }
     }
     let kind = backend.unwrap_or(config.backend);
-    let (name, table_peak) = match kind {
-        BackendKind::Flex => (cpu_device(rayon::current_num_threads()), None),
-        BackendKind::Cuda => {
-            let model = gpu_model(config.device).unwrap_or_else(|| "unknown NVIDIA GPU".into());
-            (format!("cuda:{} ({model})", config.device), table_peak_flops(&config))
-        }
+    check_precision(kind, config.precision)?;
+    let name = describe_device(kind, config.device);
+    let table_peak = match kind {
+        BackendKind::Cuda => table_peak_flops(&config),
+        BackendKind::Flex | BackendKind::Wgpu => None,
     };
     let peak_flops = peak_flops.or(config.peak_flops).or(table_peak);
     let matmul_size = matmul_peak.then_some(match kind {
         BackendKind::Flex => CPU_MATMUL_SIZE,
         BackendKind::Cuda => CUDA_MATMUL_SIZE,
+        BackendKind::Wgpu => WGPU_MATMUL_SIZE,
     });
     let device = config.device;
     run_on(kind, &[device], Task { config, steps, warmup, peak_flops, matmul_size, name })
@@ -182,21 +182,6 @@ pub const CPU_MATMUL_SIZE: usize = 2048;
 /// Side of the peak matmul on CUDA: 8192³ (1.1 TFLOP; three 268 MB operands) keeps a
 /// data-centre GPU busy for tens of milliseconds per run.
 pub const CUDA_MATMUL_SIZE: usize = 8192;
-
-/// The CPU device in words: burn-flex and the threads of rayon's global pool, which burn-flex
-/// and the fused kernels run on (`RAYON_NUM_THREADS`, where 0 or garbage means one per core —
-/// rayon's rule, so the pool is asked rather than the variable parsed).
-fn cpu_device(threads: usize) -> String {
-    format!("cpu (burn-flex, {})", count(threads, "thread"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::cpu_device;
-
-    #[test]
-    fn the_cpu_device_names_its_thread_count() {
-        assert_eq!(cpu_device(1), "cpu (burn-flex, 1 thread)");
-        assert_eq!(cpu_device(2), "cpu (burn-flex, 2 threads)");
-    }
-}
+/// Side of the peak matmul on wgpu: 2048³ (17.2 GFLOP), a few ms on a discrete GPU and seconds,
+/// not minutes, on a software adapter (Mesa's lavapipe).
+pub const WGPU_MATMUL_SIZE: usize = 2048;

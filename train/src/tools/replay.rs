@@ -106,6 +106,7 @@ pub fn replay_run(
         )));
     }
     let (kind, index) = (backend.unwrap_or(trained.config.backend), trained.config.device);
+    super::backend::check_precision(kind, trained.config.precision)?;
     run_on(kind, &[index], Task { trained, run_dir, step, log })
 }
 
@@ -138,8 +139,7 @@ fn replay<B: AutodiffBackend>(
         }
         None => {
             // As the run began: weights from the seed (or `init_from`), step 0, no moments.
-            B::seed(device, config.seed);
-            let mut model = init(device)?;
+            let mut model = crate::step::init::seeded_model(config, device)?;
             if let Some(path) = &config.init_from {
                 model = ember_model::hf::load(model, path)?;
             }

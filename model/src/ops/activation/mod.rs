@@ -53,6 +53,10 @@ pub trait FusedActivation: Backend {
 #[cfg(feature = "cuda")]
 impl FusedActivation for burn::backend::Cuda {}
 
+/// wgpu (`Fusion<CubeBackend>` over Vulkan, Metal, DX12): the same as CUDA.
+#[cfg(feature = "wgpu")]
+impl FusedActivation for burn::backend::Wgpu {}
+
 /// GELU of `x` (any shape), fused where the backend has it (see [`FusedActivation`]).
 pub fn gelu<B: Backend, const D: usize>(x: Tensor<B, D>, kind: GeluKind) -> Tensor<B, D> {
     let x = x.into_primitive().tensor();

@@ -119,6 +119,10 @@ pub trait FusedAttention: Backend {
 #[cfg(feature = "cuda")]
 impl FusedAttention for burn::backend::Cuda {}
 
+/// wgpu (`Fusion<CubeBackend>` over Vulkan, Metal, DX12): the same as CUDA.
+#[cfg(feature = "wgpu")]
+impl FusedAttention for burn::backend::Wgpu {}
+
 /// Causal attention `softmax(q·kᵀ/√d_head)·v` in the BTHD layout (see the module docs), fused
 /// where the backend has it ([`FusedAttention`]), else composed tensor ops.
 /// q `[B, T, H, D]`, k, v `[B, T, KV, D]`, `positions` `[B, T]` for packed documents →

@@ -73,6 +73,10 @@ fn one_after_the_other<B: FusedMatmul>(
 #[cfg(feature = "cuda")]
 impl FusedMatmul for burn::backend::Cuda {}
 
+/// wgpu (`Fusion<CubeBackend>` over Vulkan, Metal, DX12): the same as CUDA.
+#[cfg(feature = "wgpu")]
+impl FusedMatmul for burn::backend::Wgpu {}
+
 /// `x·w` (`[n, k]·[k, m]` → `[n, m]`), fused where the backend has it ([`FusedMatmul`]).
 ///
 /// Inside a low-precision [`crate::autocast`] region both operands are cast to its dtype and

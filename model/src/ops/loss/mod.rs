@@ -65,6 +65,10 @@ pub trait FusedCrossEntropy: Backend {
 #[cfg(feature = "cuda")]
 impl FusedCrossEntropy for burn::backend::Cuda {}
 
+/// wgpu (`Fusion<CubeBackend>` over Vulkan, Metal, DX12): the same as CUDA.
+#[cfg(feature = "wgpu")]
+impl FusedCrossEntropy for burn::backend::Wgpu {}
+
 /// `Σ −log softmax(logits)[n, targets[n]]` over the rows `n` whose target is not
 /// `ignore_index`, in nats, as a `[1]` f32 tensor (PyTorch: `F.cross_entropy(logits, targets,
 /// ignore_index=ignore_index, reduction="sum")`; 0 when every row is ignored). `logits`

@@ -95,6 +95,10 @@ pub trait FusedNorm: Backend {
 #[cfg(feature = "cuda")]
 impl FusedNorm for burn::backend::Cuda {}
 
+/// wgpu (`Fusion<CubeBackend>` over Vulkan, Metal, DX12): the same as CUDA.
+#[cfg(feature = "wgpu")]
+impl FusedNorm for burn::backend::Wgpu {}
+
 /// LayerNorm of `x` `[rows.., C]` over `C` with gain `gamma` `[C]` and optional bias `beta`
 /// `[C]`, fused where the backend has it (see [`FusedNorm`]); Burn's `LayerNorm::forward`.
 pub fn layer_norm<B: Backend, const D: usize>(

@@ -29,6 +29,10 @@ pub trait FusedAdd: Backend {
 #[cfg(feature = "cuda")]
 impl FusedAdd for burn::backend::Cuda {}
 
+/// wgpu (`Fusion<CubeBackend>` over Vulkan, Metal, DX12): the same as CUDA.
+#[cfg(feature = "wgpu")]
+impl FusedAdd for burn::backend::Wgpu {}
+
 /// `x + y` for the residual stream `x` and a block's branch output `y` (the same shape,
 /// e.g. `[batch, seq_len, d_model]`), or for token embeddings `x` `[batch, seq_len, d_model]`
 /// and position embeddings `y` `[1, seq_len, d_model]` shared by the batch; other shapes get

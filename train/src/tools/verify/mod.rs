@@ -169,8 +169,8 @@ impl std::fmt::Display for Report {
     }
 }
 
-/// [`verify_in`] on the backend `kind` (`flex`, or `cuda` in a build with the `cuda` feature;
-/// its first device).
+/// [`verify_in`] on the backend `kind` (`flex`, or `cuda` / `wgpu` in a build with that
+/// feature; its first device or adapter).
 ///
 /// Errors: as [`verify`]; a backend this build or machine cannot run.
 pub fn verify_on(kind: BackendKind, dir: &Path, precision: PrecisionKind) -> Result<Report, TrainError> {
@@ -181,6 +181,7 @@ pub fn verify_on(kind: BackendKind, dir: &Path, precision: PrecisionKind) -> Res
             verify_in::<B>(self.0, &devices[0], self.1)
         }
     }
+    super::backend::check_precision(kind, precision)?;
     run_on(kind, &[0], Task(dir, precision))
 }
 
