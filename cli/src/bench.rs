@@ -28,8 +28,9 @@ pub struct BenchArgs {
     /// Override a config key.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// Skip measuring the device's f32 matmul FLOP/s (a 2048³ matmul on the CPU and on wgpu,
-    /// 8192³ on CUDA, 7 runs) and the MFU against it.
+    /// Skip measuring the device's f32 matmul FLOP/s (a 2048³ matmul on the CPU and on a wgpu
+    /// GPU, 8192³ on CUDA, 512³ on a software wgpu adapter; the median of 5 runs after 2
+    /// warm-up runs) and the MFU against it.
     #[arg(long)]
     no_matmul_peak: bool,
     /// Print JSON instead of a table.

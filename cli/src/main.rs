@@ -273,6 +273,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             if json {
                 out!("{}", serde_json::to_string_pretty(&report)?);
             } else {
+                out!("device: {}", ember_train::observe::device::describe_device(backend, 0));
                 out!("{report}");
             }
             if !report.ok {

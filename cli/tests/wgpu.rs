@@ -228,3 +228,24 @@ fn wgpu_without_a_vulkan_driver_is_a_one_line_error_naming_what_to_install() {
         }
     }
 }
+
+#[test]
+fn a_tensor_larger_than_the_adapter_binds_is_refused_before_anything_runs() {
+    if !wgpu_here("a_tensor_larger_than_the_adapter_binds_is_refused_before_anything_runs") {
+        return;
+    }
+    let w = workdir();
+    // The tiny model's FFN activations are micro_batch_size × 16 rows × 128 f32: one row over.
+    let limit = ember_train::observe::adapters::adapters()[0].max_binding_bytes;
+    let rows = limit / (16 * 128 * 4) + 1;
+    let micro = format!("micro_batch_size={rows}");
+    let err =
+        fails(&["train", "--config", "tiny.toml", "--set", "backend=\"wgpu\"", "--set", &micro], w.path());
+    assert!(
+        err.contains(&format!("the FFN activations [{}, 128]", rows * 16))
+            && err.contains("binds at most")
+            && err.contains("lower micro_batch_size"),
+        "{err}"
+    );
+    assert!(!w.path().join("runs").exists(), "a refused run left a directory");
+}

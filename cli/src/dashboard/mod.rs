@@ -90,7 +90,8 @@ pub fn for_run(run_dir: &Path, config: Option<&RunConfig>) -> Dashboard {
         .then(|| ember_train::observe::accounting::estimate_run(&c, c.peak_flops, 0.4));
     let params = estimate.as_ref().map_or(String::new(), |e| format!(" · {} params", e.params));
     let summary = format!(
-        "{}{params} · {}/step ({} × {} × {} × {}) · lr {:.1e} · {}",
+        "{} · {}{params} · {}/step ({} × {} × {} × {}) · lr {:.1e}",
+        ember_train::observe::device::describe_device_short(c.backend, c.device),
         c.model.arch(),
         count(c.tokens_per_step(world), "token"),
         c.micro_batch_size,
@@ -98,7 +99,6 @@ pub fn for_run(run_dir: &Path, config: Option<&RunConfig>) -> Dashboard {
         count(world, "rank"),
         c.model.block_size(),
         c.optimizer.lr,
-        ember_train::observe::device::describe_device(c.backend, c.device)
     );
     Dashboard::new(title, summary, c.max_steps, world, estimate)
 }

@@ -67,10 +67,11 @@ fn header(frame: &mut Frame<'_>, area: Rect, d: &Dashboard) {
         (None, true) => "PAUSED (p resumes)".into(),
         (None, false) => "running".into(),
     };
+    // The state first: the summary may be cut at the right edge of a narrow terminal.
     let text = vec![Line::from(vec![
-        Span::raw(d.summary.clone()),
-        Span::raw("  ·  "),
         Span::styled(state, Style::default().fg(Color::Yellow)),
+        Span::raw("  ·  "),
+        Span::raw(d.summary.clone()),
     ])];
     let title = format!("ember · {}  (? help)", d.title);
     frame.render_widget(Paragraph::new(text).block(block(&title)), area);

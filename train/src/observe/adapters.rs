@@ -23,6 +23,15 @@ pub enum AdapterKind {
 }
 
 impl AdapterKind {
+    /// In one or two words: `discrete GPU`, `integrated GPU`, `virtual GPU`, `software`,
+    /// `unknown kind`.
+    pub fn short(self) -> &'static str {
+        match self {
+            AdapterKind::Software => "software",
+            other => other.words(),
+        }
+    }
+
     /// In words: `discrete GPU`, `integrated GPU`, `virtual GPU`, `software (runs on the CPU)`,
     /// `unknown kind`.
     pub fn words(self) -> &'static str {
@@ -49,6 +58,9 @@ pub struct Adapter {
     pub kind: AdapterKind,
     /// The driver and its version when the driver says, e.g. `llvmpipe, Mesa 22.3.6 (LLVM 15.0.6)`.
     pub driver: String,
+    /// The most bytes one buffer binding may hold (`max_storage_buffer_binding_size`: 128 MiB
+    /// on lavapipe); a bigger tensor cannot be bound ([`super::binding`]).
+    pub max_binding_bytes: u64,
 }
 
 impl fmt::Display for Adapter {
@@ -93,6 +105,15 @@ pub fn unavailable() -> Option<String> {
 pub fn describe(index: usize) -> String {
     match adapters().into_iter().nth(index) {
         Some(adapter) => format!("wgpu:{index} ({adapter})"),
+        None => format!("wgpu:{index} (no such adapter)"),
+    }
+}
+
+/// Adapter `index` in a few words, its kind first, for the dashboard's one-line header:
+/// `wgpu:0 software, llvmpipe (LLVM 15.0.6, 256 bits)`, `wgpu:1 discrete GPU, NVIDIA …`.
+pub fn short(index: usize) -> String {
+    match adapters().into_iter().nth(index) {
+        Some(adapter) => format!("wgpu:{index} {}, {}", adapter.kind.short(), adapter.name),
         None => format!("wgpu:{index} (no such adapter)"),
     }
 }
@@ -152,6 +173,7 @@ mod enabled {
                     api: format!("{:?}", info.backend),
                     kind: kind(info.device_type),
                     driver,
+                    max_binding_bytes: adapter.limits().max_storage_buffer_binding_size,
                 }
             })
             .collect()
@@ -173,11 +195,10 @@ mod enabled {
             ));
         }
         let Some(adapter) = all.get(index).cloned() else {
-            let listed: Vec<String> = all.iter().map(|a| format!("{}: {a}", a.index)).collect();
+            let listed: Vec<String> = all.iter().map(|a| format!("adapter {} = {a}", a.index)).collect();
             return Err(format!(
-                "wgpu adapter {index} does not exist; there {} {}: {}",
-                if all.len() == 1 { "is" } else { "are" },
-                all.len(),
+                "there is no wgpu adapter {index}; this machine has {} ({})",
+                if all.len() == 1 { "one".to_string() } else { all.len().to_string() },
                 listed.join("; ")
             ));
         };

@@ -86,6 +86,15 @@ pub fn describe_device(kind: BackendKind, index: usize) -> String {
     }
 }
 
+/// [`describe_device`] in a few words, the kind of a wgpu adapter first (the dashboard's
+/// header): `wgpu:0 software, llvmpipe (LLVM 15.0.6, 256 bits)`.
+pub fn describe_device_short(kind: BackendKind, index: usize) -> String {
+    match kind {
+        BackendKind::Wgpu => super::adapters::short(index),
+        other => describe_device(other, index),
+    }
+}
+
 fn cpu_device(threads: usize) -> String {
     format!("cpu (burn-flex, {})", count(threads, "thread"))
 }

@@ -86,8 +86,11 @@ pub fn available(config: &RunConfig) -> Option<Available> {
 /// (unless `check_memory = false`, which `log` is told about when the run would not fit).
 ///
 /// Errors: [`TrainError::WontFit`] with both numbers, the keys that size the run, and the key
-/// that turns the check off.
+/// that turns the check off; on wgpu, a buffer bigger than the adapter binds
+/// ([`super::binding::check`]).
 pub fn check(config: &RunConfig, log: &mut dyn FnMut(&str)) -> Result<(), TrainError> {
+    // A hard limit of the device, whatever check_memory says.
+    super::binding::check(config)?;
     if !config.check_memory {
         // Still say so when it will not fit: an abort that follows is then explained.
         if let Some(available) = available(config) {

@@ -6,7 +6,8 @@
 //! - [`events`]: the stability sentinel's event records;
 //! - [`fits`]: whether a run fits in memory, checked before its model is allocated;
 //! - [`device`]: device-pool memory on CUDA and wgpu, process RSS, the GPU's name;
-//! - [`adapters`]: the wgpu adapters (`device = N`) and their description;
+//! - [`adapters`]: the wgpu adapters (`device = N`) and their description; [`binding`]: a
+//!   run's largest buffer against an adapter's binding limit;
 //! - [`shards`]: how ZeRO-1 splits the parameters over ranks;
 //! - [`words`]: counts in words (`1 rank`, `2 ranks`).
 //!
@@ -14,6 +15,7 @@
 
 pub mod accounting;
 pub mod adapters;
+pub mod binding;
 pub mod device;
 pub mod events;
 pub mod fits;

@@ -72,7 +72,13 @@ fn run_wgpu<T: BackendTask>(indices: &[usize], task: T) -> Result<T::Output, Tra
     use burn::backend::Wgpu;
     let mut devices = Vec::new();
     for &index in indices {
-        let (device, adapter) = crate::observe::adapters::wgpu_device(index).map_err(TrainError::Backend)?;
+        // Which keys asked for this adapter: `device`, or `device` and `devices` together.
+        let asked = match indices {
+            [one] => format!("device = {one}"),
+            many => format!("{} replicas on wgpu adapters {:?} (device, devices)", many.len(), many),
+        };
+        let (device, adapter) = crate::observe::adapters::wgpu_device(index)
+            .map_err(|e| TrainError::Backend(format!("{asked}: {e}")))?;
         probe::<Wgpu>(&device).map_err(|message| {
             TrainError::Backend(format!(
                 "wgpu adapter {index} ({adapter}) is not usable: {message}. Check its driver, or use backend = \"flex\""
@@ -188,8 +194,9 @@ mod tests {
                 err.contains("no Vulkan adapter found") && err.contains("mesa-vulkan-drivers"),
                 "{err}"
             ),
-            n => assert!(
-                err.contains("wgpu adapter 7 does not exist") && err.contains(&format!(" {n}: ")),
+            _ => assert!(
+                err.starts_with("backend: device = 7: there is no wgpu adapter 7; this machine has ")
+                    && err.contains("(adapter 0 = "),
                 "{err}"
             ),
         }

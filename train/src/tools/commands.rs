@@ -129,7 +129,8 @@ pub fn sample_run(
 /// steps on random tokens. The vocabulary comes from `model.vocab_size`, the preset, or the
 /// prepared `data` directory. `peak_flops` overrides the device table for the MFU. With
 /// `matmul_peak`, also measures the device's f32 matmul FLOP/s ([`CPU_MATMUL_SIZE`]³ on the
-/// CPU, [`CUDA_MATMUL_SIZE`]³ on CUDA, [`WGPU_MATMUL_SIZE`]³ on wgpu) for the MFU against it.
+/// CPU, [`CUDA_MATMUL_SIZE`]³ on CUDA, [`WGPU_MATMUL_SIZE`]³ on a wgpu GPU,
+/// [`WGPU_SOFTWARE_MATMUL_SIZE`]³ on a software adapter) for the MFU against it.
 ///
 /// Errors: an unknown vocabulary, an unusable backend.
 pub fn bench_run(
@@ -170,7 +171,10 @@ pub fn bench_run(
     let matmul_size = matmul_peak.then_some(match kind {
         BackendKind::Flex => CPU_MATMUL_SIZE,
         BackendKind::Cuda => CUDA_MATMUL_SIZE,
-        BackendKind::Wgpu => WGPU_MATMUL_SIZE,
+        BackendKind::Wgpu => match crate::observe::adapters::adapters().get(config.device) {
+            Some(a) if a.kind == crate::observe::adapters::AdapterKind::Software => WGPU_SOFTWARE_MATMUL_SIZE,
+            _ => WGPU_MATMUL_SIZE,
+        },
     });
     let device = config.device;
     run_on(kind, &[device], Task { config, steps, warmup, peak_flops, matmul_size, name })
@@ -182,6 +186,9 @@ pub const CPU_MATMUL_SIZE: usize = 2048;
 /// Side of the peak matmul on CUDA: 8192³ (1.1 TFLOP; three 268 MB operands) keeps a
 /// data-centre GPU busy for tens of milliseconds per run.
 pub const CUDA_MATMUL_SIZE: usize = 8192;
-/// Side of the peak matmul on wgpu: 2048³ (17.2 GFLOP), a few ms on a discrete GPU and seconds,
-/// not minutes, on a software adapter (Mesa's lavapipe).
+/// Side of the peak matmul on a wgpu GPU: 2048³ (17.2 GFLOP), a few ms on a discrete GPU.
 pub const WGPU_MATMUL_SIZE: usize = 2048;
+/// Side of the peak matmul on a software wgpu adapter (Mesa's lavapipe): 512³ (0.27 GFLOP).
+/// At 2048³ lavapipe's ~5 GFLOP/s and the autotuner's trials took 5 minutes on 2 cores; a
+/// software adapter's peak only says how slow it is.
+pub const WGPU_SOFTWARE_MATMUL_SIZE: usize = 512;
