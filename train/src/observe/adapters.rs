@@ -151,7 +151,15 @@ mod enabled {
         }
     }
 
+    /// Enumerated once per process (each Vulkan instance costs a driver load and, on Mesa
+    /// without a display, two `XDG_RUNTIME_DIR` lines on stderr); the list does not change
+    /// while the process runs.
     pub(super) fn adapters() -> Vec<Adapter> {
+        static LISTED: std::sync::OnceLock<Vec<Adapter>> = std::sync::OnceLock::new();
+        LISTED.get_or_init(enumerate).clone()
+    }
+
+    fn enumerate() -> Vec<Adapter> {
         let backend = AutoGraphicsApi::backend();
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
             backends: backend.into(),
