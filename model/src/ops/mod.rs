@@ -7,6 +7,8 @@
 
 pub mod activation;
 pub mod attention;
+#[cfg(feature = "cube")]
+pub(crate) mod cube;
 pub mod dispatch;
 pub mod flex;
 mod grads;

@@ -1,7 +1,9 @@
 //! GELU (erf and tanh forms) and SwiGLU, forward and backward in one pass each.
 
 mod autodiff;
-mod composed;
+pub(crate) mod composed;
+#[cfg(feature = "cube")]
+mod cube;
 mod flex;
 #[cfg(test)]
 mod tests;
@@ -16,7 +18,8 @@ use crate::GeluKind;
 pub use composed::gelu_tanh;
 
 /// Fused activations, as a Burn backend extension. The defaults are composed Burn ops, so a
-/// backend only overrides what it has a kernel for. Tensors are of any shape.
+/// backend only overrides what it has a kernel for: Flex (raw-buffer kernels) and Burn's CubeCL
+/// backends (CUDA, HIP, wgpu; CubeCL kernels, feature `cube`). Tensors are of any shape.
 pub trait FusedActivation: Backend {
     /// `GELU(x)` of every element: `x·Φ(x)` (erf) or `½·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`
     /// (tanh; Hendrycks & Gimpel 2016 §2).
@@ -49,13 +52,6 @@ pub trait FusedActivation: Backend {
     }
 }
 
-/// CUDA takes the composed defaults (fused CubeCL kernels are future work).
-#[cfg(feature = "cuda")]
-impl FusedActivation for burn::backend::Cuda {}
-
-/// wgpu (`Fusion<CubeBackend>` over Vulkan, Metal, DX12): the same as CUDA.
-#[cfg(feature = "wgpu")]
-impl FusedActivation for burn::backend::Wgpu {}
 
 /// GELU of `x` (any shape), fused where the backend has it (see [`FusedActivation`]).
 pub fn gelu<B: Backend, const D: usize>(x: Tensor<B, D>, kind: GeluKind) -> Tensor<B, D> {

@@ -15,7 +15,9 @@
 //! softmax is empty (a negative position makes a token see only itself).
 
 mod autodiff;
-mod composed;
+pub(crate) mod composed;
+#[cfg(feature = "cube")]
+mod cube;
 mod flex;
 #[cfg(test)]
 mod tests;
@@ -28,7 +30,8 @@ use super::dispatch::{same, with_fused_backend};
 
 /// Fused causal attention, as a Burn backend extension (see the module docs for the layout
 /// and masking). The defaults are composed Burn ops, so every backend works; Flex overrides
-/// them with blocked kernels on raw buffers, and `Autodiff<B>` records one graph node whose
+/// them with blocked kernels on raw buffers, Burn's CubeCL backends (CUDA, HIP, wgpu; feature
+/// `cube`) with flash kernels, and `Autodiff<B>` records one graph node whose
 /// backward calls `B`'s fused backward with only the saved output and log-sum-exp.
 pub trait FusedAttention: Backend {
     /// `softmax(q·kᵀ/√d_head, causal and document mask)·v` (Vaswani et al. 2017, eq. 1).
@@ -112,16 +115,6 @@ pub trait FusedAttention: Backend {
         composed::merge_qkv::<Self>(dq, dk, dv)
     }
 }
-
-/// CUDA (`Fusion<CubeBackend>`): the composed defaults — under autodiff still only the output
-/// and the log-sum-exp are kept (a CubeCL flash kernel would also need Burn-fusion's custom-op
-/// route).
-#[cfg(feature = "cuda")]
-impl FusedAttention for burn::backend::Cuda {}
-
-/// wgpu (`Fusion<CubeBackend>` over Vulkan, Metal, DX12): the same as CUDA.
-#[cfg(feature = "wgpu")]
-impl FusedAttention for burn::backend::Wgpu {}
 
 /// Causal attention `softmax(q·kᵀ/√d_head)·v` in the BTHD layout (see the module docs), fused
 /// where the backend has it ([`FusedAttention`]), else composed tensor ops.

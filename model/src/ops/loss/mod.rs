@@ -4,7 +4,9 @@
 //! `dlogits` once.
 
 mod autodiff;
-mod composed;
+pub(crate) mod composed;
+#[cfg(feature = "cube")]
+mod cube;
 mod flex;
 #[cfg(test)]
 mod tests;
@@ -17,7 +19,8 @@ use super::dispatch::{same, with_fused_backend};
 
 /// Fused cross-entropy, as a Burn backend extension. The defaults are composed Burn ops (so
 /// every backend, CUDA included, works, and `Autodiff` over it still keeps only the per-row
-/// statistics); Flex overrides them with row-parallel kernels on raw buffers.
+/// statistics); Flex overrides them with row-parallel kernels on raw buffers, Burn's CubeCL
+/// backends (CUDA, HIP, wgpu; feature `cube`) with one cube per row.
 ///
 /// Shapes: `logits` `[N, V]` (any strides; computed in f32), `targets` `[N]` Int (class ids in
 /// `0..V`, or `ignore_index` for rows that are not scored). Units: nats.
@@ -61,13 +64,6 @@ pub trait FusedCrossEntropy: Backend {
     }
 }
 
-/// CUDA (`Fusion<CubeBackend>`): the composed defaults (no custom kernel yet).
-#[cfg(feature = "cuda")]
-impl FusedCrossEntropy for burn::backend::Cuda {}
-
-/// wgpu (`Fusion<CubeBackend>` over Vulkan, Metal, DX12): the same as CUDA.
-#[cfg(feature = "wgpu")]
-impl FusedCrossEntropy for burn::backend::Wgpu {}
 
 /// `Σ −log softmax(logits)[n, targets[n]]` over the rows `n` whose target is not
 /// `ignore_index`, in nats, as a `[1]` f32 tensor (PyTorch: `F.cross_entropy(logits, targets,

@@ -16,6 +16,8 @@
 
 mod autodiff;
 mod composed;
+#[cfg(feature = "cube")]
+mod cube;
 mod flex;
 #[cfg(test)]
 mod tests;
@@ -28,8 +30,9 @@ use burn::tensor::{Tensor, TensorPrimitive};
 use super::dispatch::{same, with_fused_backend};
 
 /// LayerNorm and RMSNorm with a saved-statistics backward, as a Burn backend extension. The
-/// defaults are composed Burn tensor ops (any backend, CUDA included); Flex overrides them with
-/// raw-buffer kernels and `Autodiff<B>` with one graph node per norm. Shapes: `x`, `y`, `dy`, `dx`
+/// defaults are composed Burn tensor ops (any backend); Flex overrides them with raw-buffer
+/// kernels, Burn's CubeCL backends (CUDA, HIP, wgpu, and Burn's fusion over them) with CubeCL
+/// kernels (feature `cube`), and `Autodiff<B>` with one graph node per norm. Shapes: `x`, `y`, `dy`, `dx`
 /// `[rows.., C]` (any rank ≥ 1), `gamma`, `beta`, `dgamma`, `dbeta` `[C]`, `mean`, `rstd`
 /// `[rows.., 1]` (f32).
 pub trait FusedNorm: Backend {
@@ -91,13 +94,6 @@ pub trait FusedNorm: Backend {
     }
 }
 
-/// CUDA: the composed defaults (a CubeCL kernel would also need Burn-fusion's custom-op route).
-#[cfg(feature = "cuda")]
-impl FusedNorm for burn::backend::Cuda {}
-
-/// wgpu (`Fusion<CubeBackend>` over Vulkan, Metal, DX12): the same as CUDA.
-#[cfg(feature = "wgpu")]
-impl FusedNorm for burn::backend::Wgpu {}
 
 /// LayerNorm of `x` `[rows.., C]` over `C` with gain `gamma` `[C]` and optional bias `beta`
 /// `[C]`, fused where the backend has it (see [`FusedNorm`]); Burn's `LayerNorm::forward`.
