@@ -176,7 +176,11 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FusedActiv
         gelu(x, None, kind)
     }
 
-    fn fused_gelu_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>, kind: GeluKind) -> FloatTensor<Self> {
+    fn fused_gelu_backward(
+        x: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        kind: GeluKind,
+    ) -> FloatTensor<Self> {
         gelu(x, Some(grad), kind)
     }
 
@@ -201,7 +205,11 @@ impl<B: FusionBackend + FusedActivation> FusedActivation for Fusion<B> {
         custom_op::<B>("gelu", vec![x], out, move |i| vec![B::fused_gelu(i.float(0), kind)]).remove(0)
     }
 
-    fn fused_gelu_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>, kind: GeluKind) -> FloatTensor<Self> {
+    fn fused_gelu_backward(
+        x: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        kind: GeluKind,
+    ) -> FloatTensor<Self> {
         let out = vec![(x.shape.clone(), x.dtype)];
         custom_op::<B>("gelu_backward", vec![x, grad], out, move |i| {
             vec![B::fused_gelu_backward(i.float(0), i.float(1), kind)]
@@ -211,7 +219,8 @@ impl<B: FusionBackend + FusedActivation> FusedActivation for Fusion<B> {
 
     fn fused_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
         let out = vec![(gate.shape.clone(), gate.dtype)];
-        custom_op::<B>("swiglu", vec![gate, up], out, |i| vec![B::fused_swiglu(i.float(0), i.float(1))]).remove(0)
+        custom_op::<B>("swiglu", vec![gate, up], out, |i| vec![B::fused_swiglu(i.float(0), i.float(1))])
+            .remove(0)
     }
 
     fn fused_swiglu_backward(

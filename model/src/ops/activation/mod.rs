@@ -52,7 +52,6 @@ pub trait FusedActivation: Backend {
     }
 }
 
-
 /// GELU of `x` (any shape), fused where the backend has it (see [`FusedActivation`]).
 pub fn gelu<B: Backend, const D: usize>(x: Tensor<B, D>, kind: GeluKind) -> Tensor<B, D> {
     let x = x.into_primitive().tensor();

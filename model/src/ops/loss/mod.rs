@@ -64,7 +64,6 @@ pub trait FusedCrossEntropy: Backend {
     }
 }
 
-
 /// `Σ −log softmax(logits)[n, targets[n]]` over the rows `n` whose target is not
 /// `ignore_index`, in nats, as a `[1]` f32 tensor (PyTorch: `F.cross_entropy(logits, targets,
 /// ignore_index=ignore_index, reduction="sum")`; 0 when every row is ignored). `logits`

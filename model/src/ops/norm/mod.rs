@@ -94,7 +94,6 @@ pub trait FusedNorm: Backend {
     }
 }
 
-
 /// LayerNorm of `x` `[rows.., C]` over `C` with gain `gamma` `[C]` and optional bias `beta`
 /// `[C]`, fused where the backend has it (see [`FusedNorm`]); Burn's `LayerNorm::forward`.
 pub fn layer_norm<B: Backend, const D: usize>(

@@ -35,8 +35,10 @@ fn cube_cross_entropy_equals_the_composed_default_on_wgpu() {
     for (scale, what) in [(3.0, "σ=3"), (3000.0, "σ=3000")] {
         let logits = randn([rows, vocab], scale, 31);
         // Every fifth row ignored; targets spread over the vocabulary, the last class included.
-        let targets: Vec<i64> =
-            (0..rows).map(|r| if r % 5 == 2 { IGNORE } else { ((r * 37) % vocab) as i64 }).chain([]).collect();
+        let targets: Vec<i64> = (0..rows)
+            .map(|r| if r % 5 == 2 { IGNORE } else { ((r * 37) % vocab) as i64 })
+            .chain([])
+            .collect();
         let mut targets = targets;
         targets[rows - 1] = vocab as i64 - 1;
         let (fused, reference) = (run(&logits, &targets, true, &dev), run(&logits, &targets, false, &dev));

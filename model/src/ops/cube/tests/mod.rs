@@ -5,6 +5,7 @@
 
 mod activation;
 mod attention;
+mod half;
 mod loss;
 mod norm;
 
@@ -58,7 +59,10 @@ pub fn host<B: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B, D>) 
 /// element (as [`crate::ops::testing::assert_close`], on host values).
 pub fn assert_close(what: &str, got: &[f32], want: &[f32], rel: f32, floor: f32) {
     let t = |v: &[f32]| {
-        Tensor::<burn::backend::Flex, 1>::from_data(TensorData::new(v.to_vec(), [v.len()]), &Default::default())
+        Tensor::<burn::backend::Flex, 1>::from_data(
+            TensorData::new(v.to_vec(), [v.len()]),
+            &Default::default(),
+        )
     };
     assert_eq!(got.len(), want.len(), "{what}: lengths differ");
     crate::ops::testing::assert_close(what, t(got), t(want), rel, floor);

@@ -34,7 +34,8 @@ fn cube_layer_norm_equals_burns_module_on_wgpu() {
                 let y = if fused {
                     layer_norm(x.clone(), g.clone(), b.clone(), EPS)
                 } else {
-                    let mut ln = LayerNormConfig::new(c).with_bias(bias).with_epsilon(EPS).init::<AdWgpu>(&dev);
+                    let mut ln =
+                        LayerNormConfig::new(c).with_bias(bias).with_epsilon(EPS).init::<AdWgpu>(&dev);
                     ln.gamma = Param::from_tensor(g.clone());
                     ln.beta = b.clone().map(Param::from_tensor);
                     ln.forward(x.clone())

@@ -1,0 +1,262 @@
+//! Causal flash attention as CubeCL kernels (FlashAttention-2, Dao 2023, Algorithms 1 and 2),
+//! forward and backward, with packed documents (per-token positions, no `[T, T]` mask) and
+//! grouped-query attention. No `[B, H, T, T]` buffer exists: the forward keeps the output and
+//! each row's log-sum-exp, the backward recomputes the scores tile by tile.
+//!
+//! - Forward: a cube per (batch, head, block of [`QUERY_BLOCK`] queries), one unit per query row
+//!   holding `q` and its output accumulator (`d_head` f32 each); key and value tiles are loaded
+//!   into shared memory by the whole cube, and each unit runs an online softmax over them.
+//! - Backward: `Δ_i = dO_i·O_i` (one unit per row); `dQ` as the forward (one unit per query row,
+//!   K and V tiles shared); `dK` and `dV` with one unit per key row, looping over the query
+//!   heads of its group and the query tiles at or after it (Q and dO tiles shared). Two passes
+//!   instead of FlashAttention-2's atomic `dQ` updates: every gradient element has one writer,
+//!   so results are deterministic.
+//!
+//! Tiles hold `tile · d_head` f32 for two tensors: `tile` is the largest power of two up to 32
+//! that fits the device's shared memory (16 for `d_head` = 128 under WebGPU's 16 KiB). Any `T`
+//! works (tiles past the end are masked); `d_head` is a compile-time constant of the kernel.
+
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{DType, Shape, TensorMetadata};
+use burn_cubecl::cubecl;
+use burn_cubecl::cubecl::prelude::*;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use burn_fusion::{Fusion, FusionBackend};
+
+mod backward;
+mod forward;
+
+use super::FusedAttention;
+use crate::ops::cube::fusion::custom_op;
+use crate::ops::cube::{contiguous, empty, three, two};
+use backward::backward;
+use forward::forward;
+
+/// Query rows per cube (forward and `dQ`) and key rows per cube (`dK`, `dV`): one unit each.
+pub(super) const QUERY_BLOCK: u32 = 32;
+
+/// A finite stand-in for `−∞` (WGSL has no infinite literals).
+pub(super) const NEG_BIG: f32 = -3.0e38;
+
+/// The sizes every kernel needs, as launch arguments.
+#[derive(CubeType, CubeLaunch, Clone, Copy)]
+pub(super) struct Dims {
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    kv_heads: usize,
+    scale: f32,
+}
+
+/// Whether query `i` (at position `pos` in its document) sees key `j`: `i − clamp(pos, 0, i) ≤ j ≤ i`.
+#[cube]
+pub(super) fn visible(i: usize, j: usize, pos: i32) -> bool {
+    let mut back = 0usize;
+    if pos > 0 {
+        back = pos as usize;
+    }
+    if back > i {
+        back = i;
+    }
+    j <= i && j + back >= i
+}
+
+/// The position of token `t` of batch row `b` within its document; `t` itself when the rows
+/// are single documents (then [`visible`] is plain causality).
+#[cube]
+pub(super) fn position<I: Int>(
+    positions: &Array<I>,
+    b: usize,
+    t: usize,
+    seq: usize,
+    #[comptime] packed: bool,
+) -> i32 {
+    let mut pos = t as i32;
+    if packed {
+        pos = i32::cast_from(positions[b * seq + t]);
+    }
+    pos
+}
+
+/// Loads rows `first..first + tile` of head `head` of a `[B, T, heads, D]` tensor into `tile`
+/// (`tile · D` f32; rows past `T` are zeros), with every unit of the cube.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn load_tile<F: Float>(
+    src: &Array<F>,
+    tile: &mut SharedMemory<f32>,
+    b: usize,
+    first: usize,
+    head: usize,
+    heads: usize,
+    seq: usize,
+    #[comptime] rows: usize,
+    #[comptime] head_dim: usize,
+) {
+    let mut idx = UNIT_POS as usize;
+    while idx < rows * head_dim {
+        let r = idx / head_dim;
+        let d = idx % head_dim;
+        let t = first + r;
+        let mut value = f32::new(0.0);
+        if t < seq {
+            value = f32::cast_from(src[((b * seq + t) * heads + head) * head_dim + d]);
+        }
+        tile[idx] = value;
+        idx += CUBE_DIM as usize;
+    }
+}
+
+/// The launch-time shapes of q `[B, T, H, D]` and k `[B, T, KV, D]`, and the tile size.
+pub(super) struct Plan {
+    pub(super) dims: DimsValues,
+    pub(super) head_dim: usize,
+    pub(super) tile: usize,
+}
+
+/// [`Dims`] on the host.
+#[derive(Clone, Copy)]
+pub(super) struct DimsValues {
+    pub(super) batch: usize,
+    pub(super) seq: usize,
+    pub(super) heads: usize,
+    pub(super) kv_heads: usize,
+}
+
+impl Plan {
+    pub(super) fn new<R: CubeRuntime>(q: &CubeTensor<R>, k: &CubeTensor<R>) -> Self {
+        let [batch, seq, heads, head_dim] = q.shape().dims::<4>();
+        let kv_heads = k.shape().dims::<4>()[2];
+        assert!(
+            kv_heads > 0 && heads % kv_heads == 0,
+            "attention: n_head {heads} is not a multiple of n_kv_head {kv_heads}"
+        );
+        let shared = q.client.properties().hardware.max_shared_memory_size;
+        let mut tile = 32;
+        while tile > 1 && 2 * tile * head_dim * 4 > shared {
+            tile /= 2;
+        }
+        Plan { dims: DimsValues { batch, seq, heads, kv_heads }, head_dim, tile }
+    }
+
+    pub(super) fn arg<R: CubeRuntime>(&self) -> DimsLaunch<R> {
+        let d = self.dims;
+        DimsLaunch::new(d.batch, d.seq, d.heads, d.kv_heads, 1.0 / (self.head_dim as f32).sqrt())
+    }
+
+    /// Cubes of one unit per query row (per key row for `kv` true).
+    pub(super) fn cubes(&self, kv: bool) -> usize {
+        let d = self.dims;
+        let heads = if kv { d.kv_heads } else { d.heads };
+        d.batch * heads * d.seq.div_ceil(QUERY_BLOCK as usize)
+    }
+}
+
+/// `positions` contiguous, or a one-element stand-in when the rows are single documents.
+pub(super) fn positions_or_dummy<R: CubeRuntime, I: IntElement>(
+    positions: Option<CubeTensor<R>>,
+    like: &CubeTensor<R>,
+) -> (CubeTensor<R>, bool) {
+    match positions {
+        Some(p) => (contiguous(p), true),
+        None => (empty(like, Shape::from(vec![1]), I::dtype()), false),
+    }
+}
+
+/// The kernels above for every CubeCL runtime (CUDA, HIP, wgpu); the `qkv` entries keep the
+/// trait's defaults (q, k and v are sliced out of `qkv` and made contiguous).
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FusedAttention
+    for CubeBackend<R, F, I, BT>
+{
+    fn fused_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        positions: Option<IntTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        forward::<R, I>(q, k, v, positions).0
+    }
+
+    fn fused_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        positions: Option<IntTensor<Self>>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        forward::<R, I>(q, k, v, positions)
+    }
+
+    fn fused_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        dout: FloatTensor<Self>,
+        positions: Option<IntTensor<Self>>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        backward::<R, I>(q, k, v, out, lse, dout, positions)
+    }
+}
+
+/// Burn's fusion backend over a backend with these kernels: one custom operation per call.
+impl<B: FusionBackend + FusedAttention> FusedAttention for Fusion<B> {
+    fn fused_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        positions: Option<IntTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        Self::fused_attention_forward(q, k, v, positions).0
+    }
+
+    fn fused_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        positions: Option<IntTensor<Self>>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let dims = q.shape.to_vec();
+        let lse = Shape::from(vec![dims[0], dims[2], dims[1]]);
+        let outputs = vec![(q.shape.clone(), q.dtype), (lse, DType::F32)];
+        let packed = positions.is_some();
+        let inputs = [Some(q), Some(k), Some(v), positions].into_iter().flatten().collect();
+        let [out, lse] = two(custom_op::<B>("attention_forward", inputs, outputs, move |i| {
+            let positions = packed.then(|| i.int(3));
+            let (out, lse) = B::fused_attention_forward(i.float(0), i.float(1), i.float(2), positions);
+            vec![out, lse]
+        }));
+        (out, lse)
+    }
+
+    fn fused_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        dout: FloatTensor<Self>,
+        positions: Option<IntTensor<Self>>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let outputs =
+            vec![(q.shape.clone(), q.dtype), (k.shape.clone(), k.dtype), (v.shape.clone(), v.dtype)];
+        let packed = positions.is_some();
+        let inputs = [Some(q), Some(k), Some(v), Some(out), Some(lse), Some(dout), positions];
+        let inputs = inputs.into_iter().flatten().collect();
+        let [dq, dk, dv] = three(custom_op::<B>("attention_backward", inputs, outputs, move |i| {
+            let positions = packed.then(|| i.int(6));
+            let (dq, dk, dv) = B::fused_attention_backward(
+                i.float(0),
+                i.float(1),
+                i.float(2),
+                i.float(3),
+                i.float(4),
+                i.float(5),
+                positions,
+            );
+            vec![dq, dk, dv]
+        }));
+        (dq, dk, dv)
+    }
+}
