@@ -22,8 +22,9 @@
 //! On burn-flex with f32 tensors (detected at run time) the weight, `m` and `v` buffers are
 //! updated in place — in parallel over chunks (rayon) in loops the compiler vectorizes — when
 //! this update owns them; a buffer shared with another tensor (a model clone, a record taken
-//! for a checkpoint) is copied first, never written through. Every other backend (CUDA) gets
-//! the same formula as Burn tensor operations.
+//! for a checkpoint) is copied first, never written through. Every other backend goes through
+//! ember-model's `adamw_update`: one CubeCL kernel per tensor on wgpu and CUDA, else the same
+//! formula as Burn tensor operations.
 
 use std::any::Any;
 use std::cell::Cell;
@@ -34,6 +35,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorPrimitive};
 use ember_model::ops::dispatch::{is, same};
 use ember_model::ops::simd::vectorized;
+use ember_model::ops::{adamw_update, AdamWScalars};
 use rayon::prelude::*;
 
 /// Elements per parallel chunk of the in-place update (64 KiB of each of the four streams).
@@ -160,26 +162,32 @@ impl<B: Backend> SimpleOptimizer<B> for FusedAdamW {
     }
 }
 
-/// The update as Burn tensor operations, in the order of Burn 0.21's `AdamW` (every backend).
+/// The update on any backend through ember-model's [`adamw_update`]: one CubeCL kernel per
+/// tensor on Burn's CubeCL backends (wgpu, CUDA), Burn tensor operations in the order of Burn
+/// 0.21's `AdamW` elsewhere.
 fn step_tensors<B: Backend, const D: usize>(
     s: &Scalars,
     tensor: Tensor<B, D>,
     grad: Tensor<B, D>,
     state: Option<AdaptiveMomentumState<B, D>>,
 ) -> (Tensor<B, D>, AdaptiveMomentumState<B, D>) {
-    let (moment_1, moment_2, max_moment_2) = match state {
-        Some(st) => (
-            st.moment_1.mul_scalar(s.beta_1).add(grad.clone().mul_scalar(s.factor_1)),
-            st.moment_2.mul_scalar(s.beta_2).add(grad.square().mul_scalar(s.factor_2)),
-            st.max_moment_2,
-        ),
-        None => (grad.clone().mul_scalar(s.factor_1), grad.square().mul_scalar(s.factor_2), None),
+    // (`max_moment_2`, AMSGrad's, is never set by Ember; an old record's is carried as is.)
+    let (moments, max_moment_2) = match state {
+        Some(st) => (Some((st.moment_1, st.moment_2)), st.max_moment_2),
+        None => (None, None),
     };
-    let m_hat = moment_1.clone().div_scalar(s.correction_1);
-    let v_hat = moment_2.clone().div_scalar(s.correction_2);
-    let delta = m_hat.div(v_hat.sqrt().add_scalar(s.epsilon));
-    let decayed = if s.decay_rate == 0.0 { tensor } else { tensor.mul_scalar(1.0 - s.decay_rate) };
-    let updated = decayed - delta.mul_scalar(s.lr);
+    let scalars = AdamWScalars {
+        beta_1: s.beta_1,
+        beta_2: s.beta_2,
+        factor_1: s.factor_1,
+        factor_2: s.factor_2,
+        correction_1: s.correction_1,
+        correction_2: s.correction_2,
+        epsilon: s.epsilon,
+        lr: s.lr,
+        decay_rate: s.decay_rate,
+    };
+    let (updated, moment_1, moment_2) = adamw_update(tensor, grad, moments, scalars);
     (updated, AdaptiveMomentumState { time: s.time, moment_1, moment_2, max_moment_2 })
 }
 

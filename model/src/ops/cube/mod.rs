@@ -143,4 +143,4 @@ pub fn block_max(value: f32, shared: &mut SharedMemory<f32>) -> f32 {
 }
 
 #[cfg(all(test, feature = "wgpu"))]
-mod tests;
+pub(crate) mod tests;

@@ -1,0 +1,148 @@
+//! The AdamW update as one CubeCL kernel: a unit per element reads `θ`, `g`, `m`, `v` once and
+//! writes `θ'`, `m'`, `v'`, with Burn's operations in Burn's order (each in f32).
+
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::TensorMetadata;
+use burn_cubecl::cubecl;
+use burn_cubecl::cubecl::prelude::*;
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use burn_fusion::{Fusion, FusionBackend};
+
+use super::{AdamWScalars, FusedAdamWUpdate};
+use crate::ops::cube::fusion::custom_op;
+use crate::ops::cube::{contiguous, element_index, elementwise_grid, empty, three, ELEMENTWISE_THREADS};
+
+/// [`AdamWScalars`] as kernel arguments (`keep = 1 − lr·λ`, `lr` in f32 as Burn's f32 ops).
+#[derive(CubeType, CubeLaunch, Clone, Copy)]
+struct Scalars {
+    beta_1: f32,
+    beta_2: f32,
+    factor_1: f32,
+    factor_2: f32,
+    correction_1: f32,
+    correction_2: f32,
+    epsilon: f32,
+    lr: f32,
+    keep: f32,
+}
+
+/// One element per unit; `first`: no moments yet (zeros), `decay`: `keep ≠ 1`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn adamw_kernel<F: Float>(
+    weight: &Array<F>,
+    grad: &Array<F>,
+    m: &Array<F>,
+    v: &Array<F>,
+    weight_out: &mut Array<F>,
+    m_out: &mut Array<F>,
+    v_out: &mut Array<F>,
+    s: Scalars,
+    n: usize,
+    #[comptime] first: bool,
+    #[comptime] decay: bool,
+    #[define(F)] _dtype: StorageType,
+) {
+    let i = element_index();
+    if i >= n {
+        terminate!();
+    }
+    let g = f32::cast_from(grad[i]);
+    let mut mi = g * s.factor_1;
+    let mut vi = (g * g) * s.factor_2;
+    if !first {
+        mi = f32::cast_from(m[i]) * s.beta_1 + mi;
+        vi = f32::cast_from(v[i]) * s.beta_2 + vi;
+    }
+    let delta = (mi / s.correction_1) / (f32::sqrt(vi / s.correction_2) + s.epsilon);
+    let mut w = f32::cast_from(weight[i]);
+    if decay {
+        w *= s.keep;
+    }
+    weight_out[i] = F::cast_from(w - delta * s.lr);
+    m_out[i] = F::cast_from(mi);
+    v_out[i] = F::cast_from(vi);
+}
+
+/// The kernel for every CubeCL runtime (CUDA, HIP, wgpu).
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FusedAdamWUpdate
+    for CubeBackend<R, F, I, BT>
+{
+    fn fused_adamw_update(
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moments: Option<(FloatTensor<Self>, FloatTensor<Self>)>,
+        s: AdamWScalars,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let dtypes_differ = grad.dtype != weight.dtype
+            || moments.as_ref().is_some_and(|(m, v)| m.dtype != weight.dtype || v.dtype != weight.dtype);
+        if dtypes_differ {
+            return super::composed::update::<Self>(weight, grad, moments, s);
+        }
+        let (weight, grad) = (contiguous(weight), contiguous(grad));
+        let first = moments.is_none();
+        let (m, v) = match moments {
+            Some((m, v)) => (contiguous(m), contiguous(v)),
+            None => (grad.clone(), grad.clone()),
+        };
+        let n = weight.shape().num_elements();
+        let out = || empty(&weight, weight.shape(), weight.dtype);
+        let (w_out, m_out, v_out) = (out(), out(), out());
+        let scalars = ScalarsLaunch::new(
+            s.beta_1,
+            s.beta_2,
+            s.factor_1,
+            s.factor_2,
+            s.correction_1,
+            s.correction_2,
+            s.epsilon,
+            s.lr as f32,
+            (1.0 - s.decay_rate) as f32,
+        );
+        adamw_kernel::launch::<R>(
+            &weight.client,
+            elementwise_grid(n),
+            CubeDim::new_1d(ELEMENTWISE_THREADS),
+            weight.clone().into_array_arg(),
+            grad.into_array_arg(),
+            m.into_array_arg(),
+            v.into_array_arg(),
+            w_out.clone().into_array_arg(),
+            m_out.clone().into_array_arg(),
+            v_out.clone().into_array_arg(),
+            scalars,
+            n,
+            first,
+            s.decay_rate != 0.0,
+            weight.dtype.into(),
+        );
+        (w_out, m_out, v_out)
+    }
+}
+
+/// Burn's fusion backend over a backend with this kernel: one custom operation per tensor.
+impl<B: FusionBackend + FusedAdamWUpdate> FusedAdamWUpdate for Fusion<B> {
+    fn fused_adamw_update(
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moments: Option<(FloatTensor<Self>, FloatTensor<Self>)>,
+        s: AdamWScalars,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let out = |t: &FloatTensor<Self>| (t.shape.clone(), t.dtype);
+        let outputs = match &moments {
+            Some((m, v)) => vec![out(&weight), out(m), out(v)],
+            None => vec![out(&weight), out(&weight), out(&weight)],
+        };
+        let first = moments.is_none();
+        let mut inputs = vec![weight, grad];
+        if let Some((m, v)) = moments {
+            inputs.extend([m, v]);
+        }
+        let [w, m, v] = three(custom_op::<B>("adamw", inputs, outputs, move |i| {
+            let moments = (!first).then(|| (i.float(2), i.float(3)));
+            let (w, m, v) = B::fused_adamw_update(i.float(0), i.float(1), moments, s);
+            vec![w, m, v]
+        }));
+        (w, m, v)
+    }
+}
