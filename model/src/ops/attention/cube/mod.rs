@@ -14,7 +14,8 @@
 //!
 //! Tiles hold `tile · d_head` f32 for two tensors: `tile` is the largest power of two up to 32
 //! that fits the device's shared memory (16 for `d_head` = 128 under WebGPU's 16 KiB). Any `T`
-//! works (tiles past the end are masked); `d_head` is a compile-time constant of the kernel.
+//! works (tiles past the end are masked); `d_head` is a compile-time constant of the kernel, at
+//! most [`MAX_HEAD_DIM`] (wider heads take the composed default).
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, Shape, TensorMetadata};
@@ -164,8 +165,21 @@ pub(super) fn positions_or_dummy<R: CubeRuntime, I: IntElement>(
     }
 }
 
-/// The kernels above for every CubeCL runtime (CUDA, HIP, wgpu); the `qkv` entries keep the
-/// trait's defaults (q, k and v are sliced out of `qkv` and made contiguous).
+/// The largest head size the kernels take: each unit keeps two to four rows of `d_head` f32
+/// in private memory, and at 1024 lavapipe's kernels gave wrong numbers (a review found it:
+/// losses off from the first step) while 512 matched flex. Larger heads take the composed
+/// default, which is exact (and materializes the scores in its forward).
+pub(super) const MAX_HEAD_DIM: usize = 512;
+
+/// Whether the kernels take heads of q `[B, T, H, D]`: `D` at most [`MAX_HEAD_DIM`] (then a
+/// tile of at least one row always fits the shared memory of any device, 4 KiB).
+fn kernel_takes<R: CubeRuntime>(q: &CubeTensor<R>) -> bool {
+    q.shape().dims::<4>()[3] <= MAX_HEAD_DIM
+}
+
+/// The kernels above for every CubeCL runtime (CUDA, HIP, wgpu), for heads up to
+/// [`MAX_HEAD_DIM`]; the `qkv` entries keep the trait's defaults (q, k and v are sliced out of
+/// `qkv` and made contiguous).
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FusedAttention
     for CubeBackend<R, F, I, BT>
 {
@@ -175,6 +189,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FusedAtten
         v: FloatTensor<Self>,
         positions: Option<IntTensor<Self>>,
     ) -> FloatTensor<Self> {
+        if !kernel_takes(&q) {
+            return super::composed::attention::<Self>(q, k, v, positions);
+        }
         forward::<R, I>(q, k, v, positions).0
     }
 
@@ -184,6 +201,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FusedAtten
         v: FloatTensor<Self>,
         positions: Option<IntTensor<Self>>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        if !kernel_takes(&q) {
+            return super::composed::forward::<Self>(q, k, v, positions);
+        }
         forward::<R, I>(q, k, v, positions)
     }
 
@@ -196,6 +216,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FusedAtten
         dout: FloatTensor<Self>,
         positions: Option<IntTensor<Self>>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        if !kernel_takes(&q) {
+            return super::composed::backward::<Self>(q, k, v, out, lse, dout, positions);
+        }
         backward::<R, I>(q, k, v, out, lse, dout, positions)
     }
 }
