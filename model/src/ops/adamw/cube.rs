@@ -51,8 +51,9 @@ fn adamw_kernel<F: Float>(
     let mut mi = g * s.factor_1;
     let mut vi = (g * g) * s.factor_2;
     if !first {
-        mi = f32::cast_from(m[i]) * s.beta_1 + mi;
-        vi = f32::cast_from(v[i]) * s.beta_2 + vi;
+        // (IEEE addition commutes exactly: the same bits as Burn's `β₁·m + (1 − β₁)·g`.)
+        mi += f32::cast_from(m[i]) * s.beta_1;
+        vi += f32::cast_from(v[i]) * s.beta_2;
     }
     let delta = (mi / s.correction_1) / (f32::sqrt(vi / s.correction_2) + s.epsilon);
     let mut w = f32::cast_from(weight[i]);
