@@ -56,9 +56,9 @@ pub fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape, dtype: DType) -
     empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, dtype)
 }
 
-/// The shape of `t` with its last dimension replaced by 1 (per-row statistics).
-pub fn row_shape<R: CubeRuntime>(t: &CubeTensor<R>) -> Shape {
-    let mut dims = t.shape().to_vec();
+/// `shape` with its last dimension replaced by 1: the shape of per-row statistics.
+pub fn row_shape(shape: &Shape) -> Shape {
+    let mut dims = shape.to_vec();
     if let Some(last) = dims.last_mut() {
         *last = 1;
     }
@@ -70,15 +70,6 @@ pub fn rows_cols<R: CubeRuntime>(t: &CubeTensor<R>) -> (usize, usize) {
     let dims = t.shape().to_vec();
     let cols = dims.last().copied().unwrap_or(1);
     (dims.iter().product::<usize>() / cols.max(1), cols)
-}
-
-/// The dimensions of `shape` with the last one replaced by 1.
-pub fn row_dims(shape: &Shape) -> Vec<usize> {
-    let mut dims = shape.to_vec();
-    if let Some(last) = dims.last_mut() {
-        *last = 1;
-    }
-    dims
 }
 
 /// The two outputs of a custom operation.

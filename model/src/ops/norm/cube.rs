@@ -14,7 +14,7 @@ use burn_fusion::{Fusion, FusionBackend};
 use super::FusedNorm;
 use crate::ops::cube::fusion::custom_op;
 use crate::ops::cube::{
-    block_sum, contiguous, cube_index, empty, grid, row_dims, row_shape, rows_cols, three, two, ROW_THREADS,
+    block_sum, contiguous, cube_index, empty, grid, row_shape, rows_cols, three, two, ROW_THREADS,
 };
 
 /// Rows summed by one cube of the `dγ`/`dβ` pass.
@@ -183,8 +183,8 @@ fn forward<R: CubeRuntime>(
     let beta = beta.map(contiguous);
     let (rows, cols) = rows_cols(&x);
     let y = empty(&x, x.shape(), x.dtype);
-    let mean = empty(&x, row_shape(&x), DType::F32);
-    let rstd = empty(&x, row_shape(&x), DType::F32);
+    let mean = empty(&x, row_shape(&x.shape()), DType::F32);
+    let rstd = empty(&x, row_shape(&x.shape()), DType::F32);
     let dtypes = [x.dtype.into(), gamma.dtype.into()];
     let has_beta = beta.is_some();
     let beta = beta.unwrap_or_else(|| gamma.clone());
@@ -321,7 +321,7 @@ impl<B: FusionBackend + FusedNorm> FusedNorm for Fusion<B> {
         beta: Option<FloatTensor<Self>>,
         eps: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let stats = Shape::from(row_dims(&x.shape));
+        let stats = row_shape(&x.shape);
         let outputs = vec![(x.shape.clone(), x.dtype), (stats.clone(), DType::F32), (stats, DType::F32)];
         let has_beta = beta.is_some();
         let inputs = [Some(x), Some(gamma), beta].into_iter().flatten().collect();
@@ -359,7 +359,7 @@ impl<B: FusionBackend + FusedNorm> FusedNorm for Fusion<B> {
         gamma: FloatTensor<Self>,
         eps: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let outputs = vec![(x.shape.clone(), x.dtype), (Shape::from(row_dims(&x.shape)), DType::F32)];
+        let outputs = vec![(x.shape.clone(), x.dtype), (row_shape(&x.shape), DType::F32)];
         let [y, rstd] = two(custom_op::<B>("rms_norm_forward", vec![x, gamma], outputs, move |i| {
             let (y, rstd) = B::fused_rms_norm_forward(i.float(0), i.float(1), eps);
             vec![y, rstd]

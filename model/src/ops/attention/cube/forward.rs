@@ -6,8 +6,10 @@ use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeRuntime, IntElement};
 
-use super::{load_tile, position, positions_or_dummy, visible, Dims, Plan, NEG_BIG, QUERY_BLOCK};
-use crate::ops::cube::{contiguous, cube_index, empty, grid};
+use super::{
+    block_of, key_tiles, load_tile, position, positions_or_dummy, visible, Dims, Plan, NEG_BIG, QUERY_BLOCK,
+};
+use crate::ops::cube::{contiguous, empty, grid};
 
 /// Forward: `out` and `lse` of one query row per unit.
 #[cube(launch)]
@@ -25,14 +27,10 @@ fn attention_forward_kernel<F: Float, I: Int>(
     #[comptime] packed: bool,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
-    let blocks = dims.seq.div_ceil(QUERY_BLOCK as usize);
-    let cube = cube_index();
-    if cube >= dims.batch * dims.heads * blocks {
+    let (b, h, block, inside) = block_of(dims.batch, dims.heads, dims.seq);
+    if !inside {
         terminate!();
     }
-    let block = cube % blocks;
-    let h = (cube / blocks) % dims.heads;
-    let b = cube / (blocks * dims.heads);
     let kvh = h / (dims.heads / dims.kv_heads);
     let i = block * QUERY_BLOCK as usize + UNIT_POS as usize;
     let active = i < dims.seq;
@@ -52,11 +50,7 @@ fn attention_forward_kernel<F: Float, I: Int>(
     let mut k_tile = SharedMemory::<f32>::new(tile * head_dim);
     let mut v_tile = SharedMemory::<f32>::new(tile * head_dim);
 
-    let mut last = (block + 1) * QUERY_BLOCK as usize;
-    if last > dims.seq {
-        last = dims.seq;
-    }
-    let tiles = last.div_ceil(tile);
+    let tiles = key_tiles(block, dims.seq, tile);
     for t in 0..tiles {
         let first = t * tile;
         sync_cube();

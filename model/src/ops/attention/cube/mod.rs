@@ -30,7 +30,7 @@ mod forward;
 
 use super::FusedAttention;
 use crate::ops::cube::fusion::custom_op;
-use crate::ops::cube::{contiguous, empty, three, two};
+use crate::ops::cube::{contiguous, cube_index, empty, three, two};
 use backward::backward;
 use forward::forward;
 
@@ -78,6 +78,25 @@ pub(super) fn position<I: Int>(
         pos = i32::cast_from(positions[b * seq + t]);
     }
     pos
+}
+
+/// `(b, head, block, inside)` of this cube in a grid over `[batch, heads, ⌈T / QUERY_BLOCK⌉]`
+/// ([`Plan::cubes`]); `inside` is false for the grid's spare cubes, which must return.
+#[cube]
+pub(super) fn block_of(batch: usize, heads: usize, seq: usize) -> (usize, usize, usize, bool) {
+    let blocks = seq.div_ceil(QUERY_BLOCK as usize);
+    let cube = cube_index();
+    (cube / (blocks * heads), (cube / blocks) % heads, cube % blocks, cube < batch * heads * blocks)
+}
+
+/// The key tiles the queries of `block` see under causality: those up to its last query.
+#[cube]
+pub(super) fn key_tiles(block: usize, seq: usize, #[comptime] tile: usize) -> usize {
+    let mut last = (block + 1) * QUERY_BLOCK as usize;
+    if last > seq {
+        last = seq;
+    }
+    last.div_ceil(tile)
 }
 
 /// Loads rows `first..first + tile` of head `head` of a `[B, T, heads, D]` tensor into `tile`
