@@ -89,24 +89,11 @@ fn count(f: impl FnOnce(&mut FusedStats)) {
     });
 }
 
-/// The scalars of one update at step `t`, with the types (and so the rounding) Burn uses.
+/// The scalars of one update at step `t` (ember-model's [`AdamWScalars`], with the types and
+/// so the rounding Burn uses: f32 factors, the learning rate and `lr·λ` in f64) and `t` itself.
 #[derive(Clone, Copy, Debug)]
 struct Scalars {
-    beta_1: f32,
-    beta_2: f32,
-    /// `1 − β₁` (f32).
-    factor_1: f32,
-    /// `1 − β₂` (f32).
-    factor_2: f32,
-    /// `1 − β₁ᵗ` (f32).
-    correction_1: f32,
-    /// `1 − β₂ᵗ` (f32).
-    correction_2: f32,
-    epsilon: f32,
-    /// The learning rate (f64, as given; an f32 operand when the tensors are f32).
-    lr: f64,
-    /// `lr·λ` in f64; no decay when it is 0.
-    decay_rate: f64,
+    update: AdamWScalars,
     /// The step count `t` after this update (from 1).
     time: usize,
 }
@@ -114,7 +101,7 @@ struct Scalars {
 impl FusedAdamW {
     fn scalars(&self, lr: f64, time: usize) -> Scalars {
         let t = time as i32;
-        Scalars {
+        let update = AdamWScalars {
             beta_1: self.beta_1,
             beta_2: self.beta_2,
             factor_1: 1.0 - self.beta_1,
@@ -124,8 +111,8 @@ impl FusedAdamW {
             epsilon: self.epsilon,
             lr,
             decay_rate: lr * (self.weight_decay as f64),
-            time,
-        }
+        };
+        Scalars { update, time }
     }
 }
 
@@ -176,18 +163,7 @@ fn step_tensors<B: Backend, const D: usize>(
         Some(st) => (Some((st.moment_1, st.moment_2)), st.max_moment_2),
         None => (None, None),
     };
-    let scalars = AdamWScalars {
-        beta_1: s.beta_1,
-        beta_2: s.beta_2,
-        factor_1: s.factor_1,
-        factor_2: s.factor_2,
-        correction_1: s.correction_1,
-        correction_2: s.correction_2,
-        epsilon: s.epsilon,
-        lr: s.lr,
-        decay_rate: s.decay_rate,
-    };
-    let (updated, moment_1, moment_2) = adamw_update(tensor, grad, moments, scalars);
+    let (updated, moment_1, moment_2) = adamw_update(tensor, grad, moments, s.update);
     (updated, AdaptiveMomentumState { time: s.time, moment_1, moment_2, max_moment_2 })
 }
 
@@ -235,7 +211,7 @@ fn step_flex<B: Backend, const D: usize>(
     } else {
         count(|c| c.copied += copied);
     }
-    update(s, first, w, g, m, v);
+    update(&s.update, first, w, g, m, v);
 
     let tensor = |p: B::FloatTensorPrimitive| Tensor::<B, D>::from_primitive(TensorPrimitive::Float(p));
     let momentum = AdaptiveMomentumState {
@@ -272,7 +248,7 @@ fn writable<'a>(t: &'a mut FlexTensor, n: usize, copied: &mut u64) -> &'a mut [f
 }
 
 /// One AdamW update of `w`, `m`, `v` with gradient `g`, over chunks in parallel when large.
-fn update(s: &Scalars, first: bool, w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+fn update(s: &AdamWScalars, first: bool, w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
     // Compiled for AVX-512/AVX2 when the CPU has them (wider, same rounding: no FMA contraction).
     let run = |w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]| {
         vectorized(
@@ -301,7 +277,7 @@ fn update(s: &Scalars, first: bool, w: &mut [f32], g: &[f32], m: &mut [f32], v: 
 /// loop, which the compiler vectorizes (`vsqrtps`, `vdivps`).
 #[inline(always)]
 fn kernel<const FIRST: bool, const DECAY: bool>(
-    s: &Scalars,
+    s: &AdamWScalars,
     w: &mut [f32],
     g: &[f32],
     m: &mut [f32],
