@@ -254,3 +254,108 @@ fn replay_reproduces_a_logged_step_per_micro_batch() {
     let err = replay_run(&run_dir, 99, None, &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("--step 99: expected a step of the run, 1 to max_steps = 6"), "{err}");
 }
+
+/// The sentinel judged on the device (`sentinel.on_device = true`: what wgpu and CUDA runs do)
+/// gives the host sentinel's run: the same events naming the same data, the same skipped
+/// counts, the same losses, and AdamW step counts that leave out the skipped updates (the
+/// weights one more step would give are the host run's) — with the verdicts read back only at
+/// logged steps.
+#[test]
+fn judged_on_the_device_a_run_equals_the_host_judged_one() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let data = prepared_corpus(dir.path());
+    // A non-finite gradient at unlogged step 2, a skipped spike at unlogged step 7.
+    for (corrupt, extra, skipped) in [
+        (Some((2, 2, Corruption::NanGradients)), None, [(4, 1), (8, 1)]),
+        (
+            Some((7, 7, Corruption::LossTimes(50))),
+            Some(["sentinel.spike_zscore=4", "sentinel.spike_window=3", "sentinel.spike_action=\"skip\""]),
+            [(4, 0), (8, 1)],
+        ),
+    ] {
+        let mut runs = Vec::new();
+        for on_device in [false, true] {
+            let run_dir = dir.path().join(format!("{corrupt:?}-{on_device}"));
+            let mut overrides = vec!["max_steps=8", "log_every=4", "checkpoint_every=8"];
+            let flag = format!("sentinel.on_device={on_device}");
+            overrides.push(&flag);
+            overrides.extend(extra.iter().flatten());
+            run(corrupted(&data, &run_dir, &overrides, corrupt)).unwrap();
+            runs.push(run_dir);
+        }
+        let (host, device) = (&runs[0], &runs[1]);
+        let strip = |mut e: EventRecord| {
+            e.elapsed_s = 0.0;
+            e
+        };
+        let (host_events, device_events): (Vec<_>, Vec<_>) =
+            (events(host).into_iter().map(strip).collect(), events(device).into_iter().map(strip).collect());
+        assert_eq!(host_events.len(), 1, "{corrupt:?}: {host_events:?}");
+        assert_eq!(device_events.len(), 1, "{corrupt:?}: {device_events:?}");
+        let (h, d) = (&host_events[0], &device_events[0]);
+        assert_eq!(
+            (d.step, d.event, d.action, d.skipped_in_a_row),
+            (h.step, h.event, h.action, h.skipped_in_a_row)
+        );
+        assert_eq!(d.sources, h.sources, "{corrupt:?}: the event names the step's data");
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * b.abs().max(1.0);
+        assert!(close(d.loss.unwrap(), h.loss.unwrap()), "{d:?} vs {h:?}");
+        let (hr, dr) = (train_records(host), train_records(device));
+        assert_eq!(hr.iter().map(|r| (r.step, r.skipped_steps)).collect::<Vec<_>>(), skipped);
+        assert_eq!(dr.iter().map(|r| (r.step, r.skipped_steps)).collect::<Vec<_>>(), skipped);
+        for (h, d) in hr.iter().zip(&dr) {
+            assert!(close(d.loss, h.loss), "{corrupt:?} step {}: loss {} vs {}", h.step, d.loss, h.loss);
+        }
+        // Same weights and AdamW state at step 8: one more step gives the same weights (a step
+        // count off by one would move them by far more than this).
+        let (hw, dw) = (next_weights(host, 8), next_weights(device, 8));
+        let worst = hw.iter().zip(&dw).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(worst < 1e-5, "{corrupt:?}: weights one step after step 8 differ by {worst}");
+    }
+}
+
+/// Judged on the device, `max_skipped_steps` in a row stop the run at the next read (here the
+/// logged step 6), naming the step the rule fired at; the checkpoint holds the last good state
+/// (step 1's weights, moments and step count), and the run resumes.
+#[test]
+fn judged_on_the_device_skipped_steps_in_a_row_stop_at_the_next_read() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let data = prepared_corpus(dir.path());
+    let run_dir = dir.path().join("run");
+    let overrides = [
+        "max_steps=8",
+        "sentinel.max_skipped_steps=3",
+        "sentinel.on_device=true",
+        "log_every=6",
+        "checkpoint_every=100",
+    ];
+    let corrupt = Some((2, 100, Corruption::NanLoss));
+    let err = run(corrupted(&data, &run_dir, &overrides, corrupt)).unwrap_err();
+    // The state after step 1, from the same run stopped there.
+    let first = dir.path().join("first");
+    run(corrupted(&data, &first, &["max_steps=1", "checkpoint_every=100"], None)).unwrap();
+    match &err {
+        TrainError::Unstable { step: 6, reason, .. } => {
+            assert!(reason.contains("3 steps in a row") && reason.contains("at step 4"), "{reason}")
+        }
+        other => panic!("expected the sentinel to stop the run at step 6, got {other}"),
+    }
+    // (Two runs' checkpoint files differ in their parameter ids: compare the numbers.)
+    assert!(next_weights(&run_dir, 6) == next_weights(&first, 1), "the last good state is step 1's");
+    let actions: Vec<(u64, Anomaly, Action)> =
+        events(&run_dir).iter().map(|e| (e.step, e.event, e.action)).collect();
+    assert_eq!(
+        actions,
+        [
+            (2, Anomaly::NonfiniteLoss, Action::Skipped),
+            (3, Anomaly::NonfiniteLoss, Action::Skipped),
+            (4, Anomaly::NonfiniteLoss, Action::Stopped),
+            (5, Anomaly::NonfiniteLoss, Action::Skipped),
+            (6, Anomaly::NonfiniteLoss, Action::Skipped),
+        ]
+    );
+    let resumed = corrupted(&data, &run_dir, &["max_steps=8", "sentinel.on_device=true"], None).resuming();
+    assert_eq!(run(resumed).unwrap().steps, 8);
+}

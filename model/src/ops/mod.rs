@@ -20,7 +20,7 @@ pub mod residual;
 pub mod simd;
 
 pub use activation::{gelu, swiglu, FusedActivation};
-pub use adamw::{adamw_update, AdamWScalars, FusedAdamWUpdate};
+pub use adamw::{adamw_update, AdamWScalars, FusedAdamWUpdate, UpdateGate};
 pub use attention::{flash_attention, flash_attention_qkv, FusedAttention};
 pub use linear::linear;
 pub use loss::{cross_entropy_sum, FusedCrossEntropy};

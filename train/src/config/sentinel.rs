@@ -44,6 +44,13 @@ pub struct SentinelConfig {
     pub spike_action: SpikeAction,
     /// Losses in the running window; at least 2.
     pub spike_window: usize,
+    /// Judge each step on the device, gating the AdamW update there, and read the verdicts
+    /// back only at logged, checkpointed and last steps (`true`), or read each step's loss and
+    /// gradient norm back and judge on the host (`false`). Unset (default): on the device on
+    /// every backend but the CPU's (burn-flex, where a read costs nothing), except under
+    /// fp16-mixed (whose loss scaler reads each step's gradient norm anyway).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_device: Option<bool>,
 }
 
 impl Default for SentinelConfig {
@@ -54,6 +61,7 @@ impl Default for SentinelConfig {
             spike_zscore: 0.0,
             spike_action: SpikeAction::Mark,
             spike_window: 128,
+            on_device: None,
         }
     }
 }

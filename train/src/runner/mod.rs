@@ -12,6 +12,7 @@
 
 pub mod controls;
 pub mod feed;
+mod judge;
 pub mod lock;
 mod meter;
 mod replica;

@@ -6,11 +6,12 @@ use std::time::{Duration, Instant};
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
-use ember_data::{splitmix64, BatchSource, DataView};
+use ember_data::{splitmix64, DataView};
 use ember_model::LanguageModel;
 
 use super::controls::Controls;
 use super::feed::Feed;
+use super::judge::{Judges, Verdict};
 use super::meter::{Logged, Meter};
 use crate::config::RunConfig;
 use crate::error::TrainError;
@@ -22,9 +23,7 @@ use crate::step::eval::evaluate;
 use crate::step::optim::AdamWGroups;
 use crate::step::schedule::LrSchedule;
 use crate::step::shard::{gather_optimizer_state, optimizer_state_bytes};
-use crate::step::{
-    scalar, train_step, Anomaly, GradSync, Judgement, LossScaler, Sentinel, StepOutput, StepSettings,
-};
+use crate::step::{scalar, Anomaly, GradSync, LossScaler, StepOutput, StepSettings};
 
 /// One model replica and everything it trains with.
 pub struct Replica<B: AutodiffBackend> {
@@ -134,10 +133,11 @@ fn train_loop<B: AutodiffBackend>(
     let multi = r.sync.world_size() > 1;
     let mut stopped_early = false;
     let mut unstable = None;
-    // Every rank judges the same global loss and gradient norm: the same verdicts everywhere.
-    let mut sentinel = Sentinel::new(config.sentinel.clone(), plan.start.sentinel.clone());
     // fp16-mixed: the loss scaler, continued from the checkpoint.
     let mut scaler = LossScaler::for_run(config.precision, plan.start.loss_scaler.as_ref());
+    // Every rank judges the same global loss and gradient norm: the same verdicts everywhere
+    // (on the device, read back at logged, checkpointed and last steps).
+    let mut judges = Judges::<B>::new(&config.sentinel, &plan.start.sentinel, scaler.is_some(), &r.device);
     for step in plan.start.step + 1..=config.max_steps {
         plan.controls.wait_while_paused();
         let started = Instant::now();
@@ -162,13 +162,13 @@ fn train_loop<B: AutodiffBackend>(
             dropout_seed: step_seed(config.seed, step),
         };
         // 2–6. Forward, loss, backward, gradient sync, clip and AdamW.
-        let (next, out) = train_step(
+        let (next, out) = judges.step(
             model,
             &mut r.optimizer,
             &data.micro_batches,
             settings,
             r.sync.as_mut(),
-            Some(&mut sentinel),
+            &data.sources,
             &r.device,
         )?;
         model = next;
@@ -178,17 +178,27 @@ fn train_loop<B: AutodiffBackend>(
         state.step = step;
         state.sampler = data.state;
         state.tokens += meter.processed;
-        state.sentinel = sentinel.state.clone();
         if let Some(scaler) = scaler.as_mut() {
             scaler.update(!out.overflow);
         }
         state.loss_scaler = scaler.clone();
-        let judgement = out.judgement.as_ref().expect("the run loop's steps are judged");
-        let stop_reason = sentinel.stop_reason(judgement);
+        // The verdicts known now (judged on the device: read at logged, checkpointed and
+        // last steps, for every step since the last read).
+        let due_now = due(config.checkpoint_every, step) || out.checkpoint;
+        let read = logging || due_now || step == config.max_steps || out.stop;
+        let verdicts = judges.verdicts(step, &out, &data.sources, read, &model, &mut r.optimizer);
+        state.sentinel = judges.host.state.clone();
+        let stop_reason = verdicts.iter().find_map(|v| {
+            let (at, reason) = (v.settled.step, v.settled.stop_reason.as_ref()?);
+            Some(match at == step {
+                true => reason.clone(),
+                false => format!("{reason}, at step {at} (judged on the device; the updates of steps {} to {step} were skipped until its verdicts were read)", at + 1),
+            })
+        });
         let last = step == config.max_steps || out.stop || stop_reason.is_some();
         // Every rank knows when a checkpoint is written: with ZeRO-1 each takes part in
         // gathering the whole optimizer state for it.
-        let checkpoint = due(config.checkpoint_every, step) || last || out.checkpoint;
+        let checkpoint = due_now || last;
         let whole_state = match (checkpoint, r.optimizer.shard()) {
             (true, Some(_)) => Some(gather_optimizer_state(&model, &r.optimizer, r.sync.as_mut())?),
             _ => None,
@@ -202,8 +212,7 @@ fn train_loop<B: AutodiffBackend>(
                 out: &out,
                 data_wait,
                 last,
-                sources: &data.sources,
-                stopping: stop_reason.is_some(),
+                verdicts: &verdicts,
                 checkpoint,
                 optimizer: whole_state.as_ref().unwrap_or(&r.optimizer),
             };
@@ -260,10 +269,9 @@ struct StepDone<'a, B: AutodiffBackend> {
     data_wait: Duration,
     /// The run's last step (`max_steps`, a stop request, or the sentinel's stop).
     last: bool,
-    /// Where rank 0's micro-batches came from.
-    sources: &'a [BatchSource],
-    /// The sentinel stops the run after this step.
-    stopping: bool,
+    /// The sentinel's verdicts known after this step: this step's, or on the device those of
+    /// the steps since the last read (none between reads).
+    verdicts: &'a [Verdict],
     /// A checkpoint is written after this step.
     checkpoint: bool,
     /// The whole optimizer state (with ZeRO-1: gathered from every rank's shard).
@@ -286,13 +294,13 @@ impl Leader<'_> {
         replica: &Replica<B>,
     ) -> Result<Option<f64>, TrainError> {
         let (config, step) = (plan.config, done.step);
-        let judgement = done.out.judgement.as_ref();
-        if let Some(j) = judgement.filter(|j| j.anomaly.is_some()) {
-            let record = event_record(&done, j, state, plan.elapsed(state));
-            let replay = format!("ember replay --run {} --step {step}", self.run_dir.display());
+        for verdict in done.verdicts.iter().filter(|v| v.settled.judgement.anomaly.is_some()) {
+            let record = event_record(verdict, plan.elapsed(state));
+            let replay = format!("ember replay --run {} --step {}", self.run_dir.display(), record.step);
             (self.log)(&format!("{record} | replay: {replay}"));
             self.metrics.write(&Record::Event(record))?;
         }
+        let judgement = done.verdicts.iter().find(|v| v.settled.step == step).map(|v| &v.settled.judgement);
         if let (true, Some(scaler)) = (done.out.overflow, state.loss_scaler.as_ref()) {
             (self.log)(&format!(
                 "step {step:6} | gradient overflow in fp16: step skipped, loss scale halved to {}",
@@ -379,31 +387,27 @@ impl Leader<'_> {
 }
 
 /// The event record of a step the sentinel flagged.
-fn event_record<B: AutodiffBackend>(
-    done: &StepDone<'_, B>,
-    j: &Judgement,
-    state: &TrainState,
-    elapsed_s: f64,
-) -> EventRecord {
+fn event_record(verdict: &Verdict, elapsed_s: f64) -> EventRecord {
+    let (v, j) = (&verdict.settled, &verdict.settled.judgement);
     let value = match j.anomaly {
         Some(Anomaly::NonfiniteGradNorm) => j.grad_norm,
         _ => j.loss,
     };
-    let action = match (j.skipped, done.stopping) {
+    let action = match (j.skipped, v.stop_reason.is_some()) {
         (false, _) => Action::Marked,
         (true, false) => Action::Skipped,
         (true, true) => Action::Stopped,
     };
     EventRecord {
-        step: done.step,
+        step: v.step,
         event: j.anomaly.expect("only flagged steps have events"),
         action,
         value: value_text(value),
         loss: j.loss.is_finite().then_some(j.loss),
         grad_norm: j.grad_norm.is_finite().then_some(j.grad_norm),
         zscore: j.zscore,
-        skipped_in_a_row: state.sentinel.skipped_in_a_row,
-        sources: done.sources.to_vec(),
+        skipped_in_a_row: v.skipped_in_a_row,
+        sources: verdict.sources.clone(),
         elapsed_s,
     }
 }

@@ -25,9 +25,13 @@
 //! for a checkpoint) is copied first, never written through. Every other backend goes through
 //! ember-model's `adamw_update`: one CubeCL kernel per tensor on wgpu and CUDA, else the same
 //! formula as Burn tensor operations.
+//!
+//! Inside [`with_update_gate`] every update is gated by a decision on the device (the device
+//! sentinel's, [`super::device_sentinel`]): made or not without a host read, and after gated-off
+//! updates run at the step count less those (ember-model's `UpdateGate`).
 
 use std::any::Any;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
 use burn::backend::flex::FlexTensor;
 use burn::optim::{AdamWState, AdaptiveMomentumState, SimpleOptimizer};
@@ -76,6 +80,36 @@ thread_local! {
     static STATS: Cell<FusedStats> = const { Cell::new(FusedStats { in_place: 0, copied: 0, generic: 0 }) };
 }
 
+thread_local! {
+    /// The gate of this thread's updates while [`with_update_gate`] runs: a boxed `Tensor<B, 1>`
+    /// of the optimizer's backend.
+    static GATE: RefCell<Option<Box<dyn Any>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` (optimizer steps on backend `B`, the autodiff backend's inner one) with every
+/// [`FusedAdamW`] update gated by `gate`, `[apply, skipped]` (ember-model's `UpdateGate`: made
+/// when `apply` is 1, else the weight and both moments unchanged; `skipped` updates were gated
+/// off since the step counts were last corrected). Burn's state still counts the update
+/// (`time + 1`): the caller takes the skipped ones off once it has read them
+/// ([`super::device_sentinel::uncount_skipped`]).
+pub fn with_update_gate<B: Backend, R>(gate: Tensor<B, 1>, f: impl FnOnce() -> R) -> R {
+    /// Puts the previous gate back, also when `f` panics.
+    struct Restore(Option<Box<dyn Any>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let previous = self.0.take();
+            GATE.with(|g| *g.borrow_mut() = previous);
+        }
+    }
+    let _restore = Restore(GATE.with(|g| g.replace(Some(Box::new(gate)))));
+    f()
+}
+
+/// The gate set by [`with_update_gate`] for backend `B`, if any.
+fn update_gate<B: Backend>() -> Option<Tensor<B, 1>> {
+    GATE.with(|g| g.borrow().as_ref().and_then(|t| t.downcast_ref::<Tensor<B, 1>>().cloned()))
+}
+
 /// This thread's [`FusedStats`] so far.
 pub fn fused_stats() -> FusedStats {
     STATS.with(Cell::get)
@@ -111,6 +145,7 @@ impl FusedAdamW {
             epsilon: self.epsilon,
             lr,
             decay_rate: lr * (self.weight_decay as f64),
+            time: time as u32,
         };
         Scalars { update, time }
     }
@@ -134,11 +169,13 @@ impl<B: Backend> SimpleOptimizer<B> for FusedAdamW {
             && state.as_ref().is_none_or(|st| {
                 st.momentum.moment_1.dtype() == DType::F32 && st.momentum.moment_2.dtype() == DType::F32
             });
-        let (tensor, momentum) = if f32_only && is::<B::FloatTensorPrimitive, FlexTensor>() {
+        let gate = update_gate::<B>();
+        let (tensor, momentum) = if gate.is_none() && f32_only && is::<B::FloatTensorPrimitive, FlexTensor>()
+        {
             step_flex(&s, tensor, grad, state.map(|st| st.momentum))
         } else {
             count(|c| c.generic += 1);
-            step_tensors(&s, tensor, grad, state.map(|st| st.momentum))
+            step_tensors(&s, tensor, grad, state.map(|st| st.momentum), gate)
         };
         (tensor, Some(AdamWState { momentum }))
     }
@@ -151,19 +188,20 @@ impl<B: Backend> SimpleOptimizer<B> for FusedAdamW {
 
 /// The update on any backend through ember-model's [`adamw_update`]: one CubeCL kernel per
 /// tensor on Burn's CubeCL backends (wgpu, CUDA), Burn tensor operations in the order of Burn
-/// 0.21's `AdamW` elsewhere.
+/// 0.21's `AdamW` elsewhere; gated by `gate` when there is one.
 fn step_tensors<B: Backend, const D: usize>(
     s: &Scalars,
     tensor: Tensor<B, D>,
     grad: Tensor<B, D>,
     state: Option<AdaptiveMomentumState<B, D>>,
+    gate: Option<Tensor<B, 1>>,
 ) -> (Tensor<B, D>, AdaptiveMomentumState<B, D>) {
     // (`max_moment_2`, AMSGrad's, is never set by Ember; an old record's is carried as is.)
     let (moments, max_moment_2) = match state {
         Some(st) => (Some((st.moment_1, st.moment_2)), st.max_moment_2),
         None => (None, None),
     };
-    let (updated, moment_1, moment_2) = adamw_update(tensor, grad, moments, s.update);
+    let (updated, moment_1, moment_2) = adamw_update(tensor, grad, moments, s.update, gate);
     (updated, AdaptiveMomentumState { time: s.time, moment_1, moment_2, max_moment_2 })
 }
 
@@ -377,6 +415,7 @@ mod tests {
                 generic.0,
                 copy(&grad),
                 generic.1.map(|st: AdamWState<Flex, D>| st.momentum),
+                None,
             );
             generic = (w, Some(AdamWState { momentum }));
             assert_same(&format!("{shape:?} wd {wd} step {step} fused"), &reference, &in_place);
@@ -423,7 +462,7 @@ mod tests {
                     SimpleOptimizer::step(&opt, 0.1, w, t(0.5), state)
                 } else {
                     let s = opt.scalars(0.1, step + 1);
-                    let (w, momentum) = step_tensors(&s, w, t(0.5), state.map(|st| st.momentum));
+                    let (w, momentum) = step_tensors(&s, w, t(0.5), state.map(|st| st.momentum), None);
                     (w, Some(AdamWState { momentum }))
                 };
                 let st = &state.as_ref().unwrap().momentum;

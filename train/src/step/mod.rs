@@ -10,6 +10,7 @@
 //!   global-norm clipping of the gradients (parallel over tensors on burn-flex);
 //! - [`schedule`]: warmup + cosine, advanced once per optimizer step;
 //! - [`sentinel`]: the stability sentinel (non-finite steps skipped, loss spikes);
+//!   [`device_sentinel`]: the same rules on the device, gating the update without a host read;
 //! - [`shard`]: ZeRO-1, the AdamW state sharded across ranks (`[parallel] shard_optimizer`);
 //! - [`sync`]: the gradient exchange as the step sees it ([`GradSync`], [`Solo`]);
 //! - [`batch`], [`eval`]: host batches to tensors; the validation loss;
@@ -22,6 +23,7 @@
 pub mod adamw;
 pub mod batch;
 pub mod clip;
+pub mod device_sentinel;
 pub mod eval;
 pub mod init;
 pub mod loss;
@@ -39,12 +41,14 @@ pub mod worker;
 use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Tensor};
 
+pub use device_sentinel::{DeviceSentinel, Settled};
 pub use scaler::LossScaler;
 pub use sentinel::{Anomaly, Judgement, Sentinel, SentinelState};
 pub use sync::{Contribution, Exchanged, GradSync, Solo};
 pub use train_step::{
     accumulate, accumulate_in, batch_nll, forward_backward, global_gradients, loss_multiplier,
-    optimizer_step, train_step, GlobalGradients, Passes, StepOutput, StepSettings, StepTarget, Trainee,
+    optimizer_step, train_step, train_step_judged_on_device, GlobalGradients, Passes, StepOutput,
+    StepSettings, StepTarget, Trainee,
 };
 
 /// The value of a `[1]` tensor, read back to the host (a device sync).

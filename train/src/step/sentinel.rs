@@ -61,6 +61,13 @@ impl Sentinel {
     /// Judges a step with mean loss `loss` (nats/token) and pre-clip gradient norm `grad_norm`,
     /// and records the verdict in the state.
     pub fn judge(&mut self, loss: f64, grad_norm: f64) -> Judgement {
+        let judgement = self.verdict(loss, grad_norm);
+        self.record(&judgement);
+        judgement
+    }
+
+    /// The verdict [`Self::judge`] gives, without recording it.
+    pub fn verdict(&self, loss: f64, grad_norm: f64) -> Judgement {
         let zscore = if loss.is_finite() { self.zscore(loss) } else { None };
         let (anomaly, skipped) = if !loss.is_finite() {
             (Some(Anomaly::NonfiniteLoss), true)
@@ -71,11 +78,17 @@ impl Sentinel {
         } else {
             (None, false)
         };
+        Judgement { loss, grad_norm, zscore, anomaly, skipped }
+    }
+
+    /// Records a verdict reached elsewhere (by the device's sentinel,
+    /// [`super::device_sentinel`]) in the state, as [`Self::judge`] records its own.
+    pub fn record(&mut self, judgement: &Judgement) {
         let s = &mut self.state;
-        if anomaly == Some(Anomaly::Spike) {
+        if judgement.anomaly == Some(Anomaly::Spike) {
             s.spikes += 1;
         }
-        if skipped {
+        if judgement.skipped {
             s.skipped_in_a_row += 1;
             s.skipped_steps += 1;
         } else {
@@ -83,9 +96,13 @@ impl Sentinel {
             if s.recent_losses.len() == self.config.spike_window {
                 s.recent_losses.pop_front();
             }
-            s.recent_losses.push_back(loss);
+            s.recent_losses.push_back(judgement.loss);
         }
-        Judgement { loss, grad_norm, zscore, anomaly, skipped }
+    }
+
+    /// The settings this sentinel judges by.
+    pub fn config(&self) -> &SentinelConfig {
+        &self.config
     }
 
     /// Why the run must stop after the step just judged (`judgement`), if it must:

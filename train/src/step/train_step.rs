@@ -13,7 +13,9 @@ use ember_model::{
     Precision,
 };
 
+use super::adamw::with_update_gate;
 use super::batch::to_tensors;
+use super::device_sentinel::DeviceSentinel;
 use super::loss::nll_sum;
 use super::optim::{clip_grad_norm, scale_grads, AdamWGroups};
 use super::sentinel::{Judgement, Sentinel};
@@ -237,6 +239,32 @@ pub fn optimizer_step<B: AutodiffBackend>(
     sentinel: Option<&mut Sentinel>,
     device: &B::Device,
 ) -> Result<StepOutput<B::InnerBackend>, TrainError> {
+    let judge = match sentinel {
+        Some(sentinel) => Judge::Host(sentinel),
+        None => Judge::Off,
+    };
+    step_judged(target, micro_batches, settings, sync, judge, device)
+}
+
+/// Who judges a step before its update.
+enum Judge<'a, B: Backend> {
+    /// Nobody: every update is made.
+    Off,
+    /// The host sentinel, from the loss and gradient norm read back.
+    Host(&'a mut Sentinel),
+    /// The device sentinel, which gates the update without a host read.
+    Device(&'a mut DeviceSentinel<B>),
+}
+
+/// [`optimizer_step`] with any [`Judge`].
+fn step_judged<B: AutodiffBackend>(
+    target: &mut impl StepTarget<B>,
+    micro_batches: &[Batch],
+    settings: StepSettings,
+    sync: &mut dyn GradSync<B>,
+    judge: Judge<'_, B::InnerBackend>,
+    device: &B::Device,
+) -> Result<StepOutput<B::InnerBackend>, TrainError> {
     // 1. Data: the caller drew this step's micro-batches from this rank's shard.
     // 2–4. Forward, loss, backward over the micro-batches; nothing is communicated.
     // 5. Gradient sync, once per optimizer step, and normalization by the global token count.
@@ -248,6 +276,14 @@ pub fn optimizer_step<B: AutodiffBackend>(
     let started = Instant::now();
     let grad_norm = clip_grad_norm(target.model(), &mut grads, settings.grad_clip);
     let scaled = settings.loss_scale != 1.0;
+    let (sentinel, gate) = match judge {
+        Judge::Off => (None, None),
+        Judge::Host(sentinel) => (Some(sentinel), None),
+        Judge::Device(sentinel) => {
+            assert!(!scaled, "the device sentinel does not judge loss-scaled steps (their overflow is read)");
+            (None, Some(sentinel.judge(settings.step, global.loss.clone(), grad_norm.clone())))
+        }
+    };
     let read = (scaled || sentinel.is_some()).then(|| read_pair(&global.loss, &grad_norm));
     // A scaled step whose gradient overflowed is skipped without judging it: the scaler
     // halves the scale and the step is tried at the next one (PyTorch's GradScaler).
@@ -265,7 +301,10 @@ pub fn optimizer_step<B: AutodiffBackend>(
     // verdict in the exchange, so none updates or gathers.
     let replicas_differ = global.replicas_agree == Some(false);
     if !overflow && !judgement_skips && !replicas_differ {
-        target.apply(settings.lr, grads);
+        match gate {
+            Some(gate) => with_update_gate(gate, || target.apply(settings.lr, grads)),
+            None => target.apply(settings.lr, grads),
+        }
     }
     if settings.timed {
         let _ = B::sync(device);
@@ -319,6 +358,30 @@ pub fn train_step<B: AutodiffBackend>(
 ) -> Result<(LanguageModel<B>, StepOutput<B::InnerBackend>), TrainError> {
     let mut trainee = Trainee::new(model, optimizer);
     let output = optimizer_step(&mut trainee, micro_batches, settings, sync, sentinel, device)?;
+    Ok((trainee.into_model(), output))
+}
+
+/// [`train_step`] judged by the device sentinel `sentinel`: its verdict gates the AdamW update
+/// on the device, and nothing is read back ([`StepOutput::judgement`] is `None`; the verdicts
+/// come from [`DeviceSentinel::settle`]). Not for loss-scaled steps (fp16-mixed), whose
+/// overflow check reads the gradient norm.
+///
+/// Errors: as [`global_gradients`].
+///
+/// # Panics
+/// If `settings.loss_scale` is not 1.
+pub fn train_step_judged_on_device<B: AutodiffBackend>(
+    model: LanguageModel<B>,
+    optimizer: &mut AdamWGroups<LanguageModel<B>, B>,
+    micro_batches: &[Batch],
+    settings: StepSettings,
+    sync: &mut dyn GradSync<B>,
+    sentinel: &mut DeviceSentinel<B::InnerBackend>,
+    device: &B::Device,
+) -> Result<(LanguageModel<B>, StepOutput<B::InnerBackend>), TrainError> {
+    let mut trainee = Trainee::new(model, optimizer);
+    let judge = Judge::Device(sentinel);
+    let output = step_judged(&mut trainee, micro_batches, settings, sync, judge, device)?;
     Ok((trainee.into_model(), output))
 }
 
