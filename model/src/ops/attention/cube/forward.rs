@@ -57,30 +57,25 @@ fn attention_forward_kernel<F: Float, I: Int>(
         load_tile::<F>(k, &mut k_tile, b, first, kvh, dims.kv_heads, dims.seq, tile, head_dim);
         load_tile::<F>(v, &mut v_tile, b, first, kvh, dims.kv_heads, dims.seq, tile, head_dim);
         sync_cube();
-        if active {
-            for r in 0..tile {
-                let j = first + r;
-                if visible(i, j, pos) {
-                    let mut s = f32::new(0.0);
-                    for d in 0..head_dim {
-                        s += q_row[d] * k_tile[r * head_dim + d];
-                    }
-                    if s > m {
-                        let correction = f32::exp(m - s);
-                        l = l * correction + f32::new(1.0);
-                        for d in 0..head_dim {
-                            acc[d] = acc[d] * correction + v_tile[r * head_dim + d];
-                        }
-                        m = s;
-                    } else {
-                        let p = f32::exp(s - m);
-                        l += p;
-                        for d in 0..head_dim {
-                            acc[d] += p * v_tile[r * head_dim + d];
-                        }
-                    }
-                }
+        // Branch-free online softmax over the tile (FlashAttention-2's update, with masked
+        // keys at probability 0): every lane runs the same instructions, whatever it sees.
+        // (A version that branched on `s > m` per lane left whole rows unwritten on lavapipe
+        // at T ≥ 480.)
+        for r in 0..tile {
+            let j = first + r;
+            let seen = active && visible(i, j, pos);
+            let mut s = f32::new(0.0);
+            for d in 0..head_dim {
+                s += q_row[d] * k_tile[r * head_dim + d];
             }
+            let m_new = select(seen, f32::max(m, s), m);
+            let correction = f32::exp(f32::max(m - m_new, f32::new(-80.0)));
+            let p = select(seen, f32::exp(s - m_new), f32::new(0.0));
+            l = l * correction + p;
+            for d in 0..head_dim {
+                acc[d] = acc[d] * correction + p * v_tile[r * head_dim + d];
+            }
+            m = m_new;
         }
     }
     if active {
