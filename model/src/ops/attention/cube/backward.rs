@@ -18,6 +18,7 @@ fn attention_delta_kernel<F: Float>(
     delta: &mut Array<f32>,
     dims: Dims,
     #[comptime] head_dim: usize,
+    #[comptime] chunk: usize,
     #[define(F)] _dtype: StorageType,
 ) {
     let row = cube_index() * CUBE_DIM as usize + UNIT_POS as usize; // over [B, T, H]
@@ -25,8 +26,12 @@ fn attention_delta_kernel<F: Float>(
         terminate!();
     }
     let mut sum = f32::new(0.0);
-    for d in 0..head_dim {
-        sum += f32::cast_from(out[row * head_dim + d]) * f32::cast_from(dout[row * head_dim + d]);
+    for c in 0..comptime!(head_dim / chunk) {
+        #[unroll]
+        for u in 0..chunk {
+            let d = c * chunk + u;
+            sum += f32::cast_from(out[row * head_dim + d]) * f32::cast_from(dout[row * head_dim + d]);
+        }
     }
     let h = row % dims.heads;
     let i = (row / dims.heads) % dims.seq;
@@ -48,6 +53,7 @@ fn attention_dq_kernel<F: Float, I: Int>(
     dq: &mut Array<F>,
     dims: Dims,
     #[comptime] head_dim: usize,
+    #[comptime] chunk: usize,
     #[comptime] tile: usize,
     #[comptime] packed: bool,
     #[define(F, I)] _dtypes: [StorageType; 2],
@@ -68,10 +74,14 @@ fn attention_dq_kernel<F: Float, I: Int>(
     let mut delta_i = f32::new(0.0);
     if active {
         let base = ((b * dims.seq + i) * dims.heads + h) * head_dim;
-        for d in 0..head_dim {
-            q_row[d] = f32::cast_from(q[base + d]) * dims.scale;
-            do_row[d] = f32::cast_from(dout[base + d]);
-            acc[d] = f32::new(0.0);
+        for c in 0..comptime!(head_dim / chunk) {
+            #[unroll]
+            for u in 0..chunk {
+                let d = c * chunk + u;
+                q_row[d] = f32::cast_from(q[base + d]) * dims.scale;
+                do_row[d] = f32::cast_from(dout[base + d]);
+                acc[d] = f32::new(0.0);
+            }
         }
         pos = position::<I>(positions, b, i, dims.seq, packed);
         lse_i = lse[(b * dims.heads + h) * dims.seq + i];
@@ -92,13 +102,21 @@ fn attention_dq_kernel<F: Float, I: Int>(
                 if visible(i, j, pos) {
                     let mut s = f32::new(0.0);
                     let mut dp = f32::new(0.0);
-                    for d in 0..head_dim {
-                        s += q_row[d] * k_tile[r * head_dim + d];
-                        dp += do_row[d] * v_tile[r * head_dim + d];
+                    for c in 0..comptime!(head_dim / chunk) {
+                        #[unroll]
+                        for u in 0..chunk {
+                            let d = c * chunk + u;
+                            s += q_row[d] * k_tile[r * head_dim + d];
+                            dp += do_row[d] * v_tile[r * head_dim + d];
+                        }
                     }
                     let ds = f32::exp(s - lse_i) * (dp - delta_i);
-                    for d in 0..head_dim {
-                        acc[d] += ds * k_tile[r * head_dim + d];
+                    for c in 0..comptime!(head_dim / chunk) {
+                        #[unroll]
+                        for u in 0..chunk {
+                            let d = c * chunk + u;
+                            acc[d] += ds * k_tile[r * head_dim + d];
+                        }
                     }
                 }
             }
@@ -106,8 +124,12 @@ fn attention_dq_kernel<F: Float, I: Int>(
     }
     if active {
         let base = ((b * dims.seq + i) * dims.heads + h) * head_dim;
-        for d in 0..head_dim {
-            dq[base + d] = F::cast_from(acc[d] * dims.scale);
+        for c in 0..comptime!(head_dim / chunk) {
+            #[unroll]
+            for u in 0..chunk {
+                let d = c * chunk + u;
+                dq[base + d] = F::cast_from(acc[d] * dims.scale);
+            }
         }
     }
 }
@@ -128,6 +150,7 @@ fn attention_dkv_kernel<F: Float, I: Int>(
     dv: &mut Array<F>,
     dims: Dims,
     #[comptime] head_dim: usize,
+    #[comptime] chunk: usize,
     #[comptime] tile: usize,
     #[comptime] packed: bool,
     #[define(F, I)] _dtypes: [StorageType; 2],
@@ -146,11 +169,15 @@ fn attention_dkv_kernel<F: Float, I: Int>(
     let mut dv_acc = Array::<f32>::new(head_dim);
     if active {
         let base = ((b * dims.seq + j) * dims.kv_heads + kvh) * head_dim;
-        for d in 0..head_dim {
-            k_row[d] = f32::cast_from(k[base + d]) * dims.scale;
-            v_row[d] = f32::cast_from(v[base + d]);
-            dk_acc[d] = f32::new(0.0);
-            dv_acc[d] = f32::new(0.0);
+        for c in 0..comptime!(head_dim / chunk) {
+            #[unroll]
+            for u in 0..chunk {
+                let d = c * chunk + u;
+                k_row[d] = f32::cast_from(k[base + d]) * dims.scale;
+                v_row[d] = f32::cast_from(v[base + d]);
+                dk_acc[d] = f32::new(0.0);
+                dv_acc[d] = f32::new(0.0);
+            }
         }
     }
     let mut q_tile = SharedMemory::<f32>::new(tile * head_dim);
@@ -173,16 +200,24 @@ fn attention_dkv_kernel<F: Float, I: Int>(
                         if visible(i, j, pos) {
                             let mut s = f32::new(0.0);
                             let mut dp = f32::new(0.0);
-                            for d in 0..head_dim {
-                                s += q_tile[r * head_dim + d] * k_row[d];
-                                dp += do_tile[r * head_dim + d] * v_row[d];
+                            for c in 0..comptime!(head_dim / chunk) {
+                                #[unroll]
+                                for u in 0..chunk {
+                                    let d = c * chunk + u;
+                                    s += q_tile[r * head_dim + d] * k_row[d];
+                                    dp += do_tile[r * head_dim + d] * v_row[d];
+                                }
                             }
                             let row = (b * dims.heads + h) * dims.seq + i;
                             let p = f32::exp(s - lse[row]);
                             let ds = p * (dp - delta[row]);
-                            for d in 0..head_dim {
-                                dv_acc[d] += p * do_tile[r * head_dim + d];
-                                dk_acc[d] += ds * q_tile[r * head_dim + d];
+                            for c in 0..comptime!(head_dim / chunk) {
+                                #[unroll]
+                                for u in 0..chunk {
+                                    let d = c * chunk + u;
+                                    dv_acc[d] += p * do_tile[r * head_dim + d];
+                                    dk_acc[d] += ds * q_tile[r * head_dim + d];
+                                }
                             }
                         }
                     }
@@ -192,9 +227,13 @@ fn attention_dkv_kernel<F: Float, I: Int>(
     }
     if active {
         let base = ((b * dims.seq + j) * dims.kv_heads + kvh) * head_dim;
-        for d in 0..head_dim {
-            dk[base + d] = F::cast_from(dk_acc[d] * dims.scale);
-            dv[base + d] = F::cast_from(dv_acc[d]);
+        for c in 0..comptime!(head_dim / chunk) {
+            #[unroll]
+            for u in 0..chunk {
+                let d = c * chunk + u;
+                dk[base + d] = F::cast_from(dk_acc[d] * dims.scale);
+                dv[base + d] = F::cast_from(dv_acc[d]);
+            }
         }
     }
 }
@@ -229,6 +268,7 @@ pub(super) fn backward<R: CubeRuntime, I: IntElement>(
         delta.clone().into_array_arg(),
         plan.arg(),
         plan.head_dim,
+        plan.chunk,
         q.dtype.into(),
     );
 
@@ -247,6 +287,7 @@ pub(super) fn backward<R: CubeRuntime, I: IntElement>(
         dq.clone().into_array_arg(),
         plan.arg(),
         plan.head_dim,
+        plan.chunk,
         plan.tile,
         packed,
         dtypes,
@@ -269,6 +310,7 @@ pub(super) fn backward<R: CubeRuntime, I: IntElement>(
         dv.clone().into_array_arg(),
         plan.arg(),
         plan.head_dim,
+        plan.chunk,
         plan.tile,
         packed,
         dtypes,

@@ -23,6 +23,7 @@ fn attention_forward_kernel<F: Float, I: Int>(
     lse: &mut Array<f32>,
     dims: Dims,
     #[comptime] head_dim: usize,
+    #[comptime] chunk: usize,
     #[comptime] tile: usize,
     #[comptime] packed: bool,
     #[define(F, I)] _dtypes: [StorageType; 2],
@@ -39,9 +40,14 @@ fn attention_forward_kernel<F: Float, I: Int>(
     let mut acc = Array::<f32>::new(head_dim);
     let mut pos = 0i32;
     if active {
-        for d in 0..head_dim {
-            q_row[d] = f32::cast_from(q[((b * dims.seq + i) * dims.heads + h) * head_dim + d]) * dims.scale;
-            acc[d] = f32::new(0.0);
+        for c in 0..comptime!(head_dim / chunk) {
+            #[unroll]
+            for u in 0..chunk {
+                let d = c * chunk + u;
+                q_row[d] =
+                    f32::cast_from(q[((b * dims.seq + i) * dims.heads + h) * head_dim + d]) * dims.scale;
+                acc[d] = f32::new(0.0);
+            }
         }
         pos = position::<I>(positions, b, i, dims.seq, packed);
     }
@@ -65,23 +71,35 @@ fn attention_forward_kernel<F: Float, I: Int>(
             let j = first + r;
             let seen = active && visible(i, j, pos);
             let mut s = f32::new(0.0);
-            for d in 0..head_dim {
-                s += q_row[d] * k_tile[r * head_dim + d];
+            for c in 0..comptime!(head_dim / chunk) {
+                #[unroll]
+                for u in 0..chunk {
+                    let d = c * chunk + u;
+                    s += q_row[d] * k_tile[r * head_dim + d];
+                }
             }
             let m_new = select(seen, f32::max(m, s), m);
             let correction = f32::exp(f32::max(m - m_new, f32::new(-80.0)));
             let p = select(seen, f32::exp(s - m_new), f32::new(0.0));
             l = l * correction + p;
-            for d in 0..head_dim {
-                acc[d] = acc[d] * correction + p * v_tile[r * head_dim + d];
+            for c in 0..comptime!(head_dim / chunk) {
+                #[unroll]
+                for u in 0..chunk {
+                    let d = c * chunk + u;
+                    acc[d] = acc[d] * correction + p * v_tile[r * head_dim + d];
+                }
             }
             m = m_new;
         }
     }
     if active {
         let inv = f32::new(1.0) / l;
-        for d in 0..head_dim {
-            out[((b * dims.seq + i) * dims.heads + h) * head_dim + d] = F::cast_from(acc[d] * inv);
+        for c in 0..comptime!(head_dim / chunk) {
+            #[unroll]
+            for u in 0..chunk {
+                let d = c * chunk + u;
+                out[((b * dims.seq + i) * dims.heads + h) * head_dim + d] = F::cast_from(acc[d] * inv);
+            }
         }
         lse[(b * dims.heads + h) * dims.seq + i] = m + f32::ln(l);
     }
@@ -112,6 +130,7 @@ pub(super) fn forward<R: CubeRuntime, I: IntElement>(
         lse.clone().into_array_arg(),
         plan.arg(),
         plan.head_dim,
+        plan.chunk,
         plan.tile,
         packed,
         [q.dtype.into(), positions.dtype.into()],

@@ -100,7 +100,8 @@ pub(super) fn key_tiles(block: usize, seq: usize, #[comptime] tile: usize) -> us
 }
 
 /// Loads rows `first..first + tile` of head `head` of a `[B, T, heads, D]` tensor into `tile`
-/// (`tile · D` f32; rows past `T` are zeros), with every unit of the cube.
+/// (`tile · D` f32; rows past `T` are zeros), with every unit of a cube of [`QUERY_BLOCK`]
+/// units (unrolled up to [`UNROLLED`] steps per unit: see [`Plan::chunk`] on loop iterations).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn load_tile<F: Float>(
@@ -114,25 +115,44 @@ pub(super) fn load_tile<F: Float>(
     #[comptime] rows: usize,
     #[comptime] head_dim: usize,
 ) {
-    let mut idx = UNIT_POS as usize;
-    while idx < rows * head_dim {
-        let r = idx / head_dim;
-        let d = idx % head_dim;
-        let t = first + r;
-        let mut value = f32::new(0.0);
-        if t < seq {
-            value = f32::cast_from(src[((b * seq + t) * heads + head) * head_dim + d]);
+    let per_unit = comptime!((rows * head_dim).div_ceil(QUERY_BLOCK as usize));
+    #[unroll(per_unit <= UNROLLED)]
+    for n in 0..per_unit {
+        let idx = n * QUERY_BLOCK as usize + UNIT_POS as usize;
+        if idx < rows * head_dim {
+            let r = idx / head_dim;
+            let d = idx % head_dim;
+            let t = first + r;
+            let mut value = f32::new(0.0);
+            if t < seq {
+                value = f32::cast_from(src[((b * seq + t) * heads + head) * head_dim + d]);
+            }
+            tile[idx] = value;
         }
-        tile[idx] = value;
-        idx += CUBE_DIM as usize;
     }
 }
 
-/// The launch-time shapes of q `[B, T, H, D]` and k `[B, T, KV, D]`, and the tile size.
+/// The most statements a kernel's loop over a row's `d_head` elements (or over a tile's load)
+/// runs unrolled; see [`Plan::chunk`].
+pub(super) const UNROLLED: usize = 64;
+
+/// The launch-time shapes of q `[B, T, H, D]` and k `[B, T, KV, D]`, the tile size, and the
+/// width of the unrolled chunks of the loops over `d_head`.
 pub(super) struct Plan {
     pub(super) dims: DimsValues,
     pub(super) head_dim: usize,
     pub(super) tile: usize,
+    /// The loops over `d_head` run as `d_head / chunk` iterations of `chunk` unrolled steps:
+    /// `chunk` is the largest divisor of `d_head` up to [`UNROLLED`] (64 for `d_head` 64 and
+    /// 128, 48 for 48 and 96, 7 for 7). Unrolled, the per-row arrays can live in registers on a
+    /// GPU; and Mesa's lavapipe (llvmpipe) ends every loop of a kernel invocation once the
+    /// invocation has run 65,535 loop iterations in all (`LP_MAX_TGSI_LOOP_ITERATIONS`,
+    /// "shared between every loop in a shader") without an error, so a loop per element made
+    /// the forward silently wrong there from `T · d_head` ≈ 31,000 on (T = 480 at 6 heads of 64).
+    /// Now each key (forward, `dQ`) or query of the group (`dK`, `dV`) costs
+    /// `2 · d_head / chunk + 1` iterations: lavapipe computes up to T ≈ 21,000 at `d_head` 64
+    /// (`dK`/`dV`: T · group), and 3,800 at 512. GPUs have no such limit.
+    pub(super) chunk: usize,
 }
 
 /// [`Dims`] on the host.
@@ -157,7 +177,8 @@ impl Plan {
         while tile > 1 && 2 * tile * head_dim * 4 > shared {
             tile /= 2;
         }
-        Plan { dims: DimsValues { batch, seq, heads, kv_heads }, head_dim, tile }
+        let chunk = (1..=UNROLLED.min(head_dim)).rev().find(|c| head_dim % c == 0).unwrap_or(1);
+        Plan { dims: DimsValues { batch, seq, heads, kv_heads }, head_dim, tile, chunk }
     }
 
     pub(super) fn arg<R: CubeRuntime>(&self) -> DimsLaunch<R> {
@@ -185,9 +206,10 @@ pub(super) fn positions_or_dummy<R: CubeRuntime, I: IntElement>(
 }
 
 /// The largest head size the kernels take: each unit keeps two to four rows of `d_head` f32
-/// in private memory, and at 1024 lavapipe's kernels gave wrong numbers (a review found it:
-/// losses off from the first step) while 512 matched flex. Larger heads take the composed
-/// default, which is exact (and materializes the scores in its forward).
+/// in private memory (registers or, when they spill, a GPU's local memory). Larger heads take
+/// the composed default, which is exact (and materializes the scores in its forward). The
+/// kernels give the composed values at 1024 too (tested on lavapipe, 2026-12-04; the wrong
+/// numbers a review once saw there were lavapipe's loop limit, see [`Plan::chunk`]).
 pub(super) const MAX_HEAD_DIM: usize = 512;
 
 /// Whether the kernels take heads of q `[B, T, H, D]`: `D` at most [`MAX_HEAD_DIM`] (then a

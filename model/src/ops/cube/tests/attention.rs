@@ -73,19 +73,15 @@ fn cube_attention_large_heads_and_tile_edge_on_wgpu() {
 
 #[test]
 fn cube_attention_heads_above_the_kernel_limit_take_the_exact_default_on_wgpu() {
-    // d_head 1024 gave wrong numbers in the kernels on lavapipe (a review found losses off from
-    // the first step); above MAX_HEAD_DIM the composed default runs instead.
+    // Above MAX_HEAD_DIM (512) the composed default runs instead of the kernels.
     check("cube attention D=1024 T=6", (1, 6, 1, 1, 1024), None);
 }
 
-/// Known to fail on lavapipe (2026-12-03): with T = 512, 6 heads of 64, the forward leaves the
-/// rows of one query block's first 8 or 16 queries unwritten (zeros) for some data — rows
-/// 448..463 for one seed, 480.. for another, whole lavapipe subgroups; which rows depends on
-/// the data, and a branch-free online softmax removed it for four of five inputs but not this
-/// one. Not understood yet (a lavapipe miscompile or a kernel bug: no GPU has run it); run it
-/// with `--ignored`. README, "Fused kernels", says what it means for training on wgpu.
+/// T = 512 with 6 heads of 64, the 6×384 model at context 512: with one loop iteration per
+/// element of a row, an invocation ran more than lavapipe's 65,535 loop iterations from
+/// T ≈ 480 on and the forward came out wrong for the last query block (see `Plan::chunk`);
+/// with the loops over `d_head` unrolled in chunks it is exact. (Checked: chunks of 1 fail it.)
 #[test]
-#[ignore = "the forward kernel drops rows on lavapipe at T = 512 (README, Fused kernels)"]
 fn cube_attention_long_sequence_on_wgpu() {
     check("cube attention T=512 H=6 D=64", (1, 512, 6, 6, 64), None);
 }
