@@ -20,6 +20,17 @@ pub struct DeviceMemory {
     pub reserved_bytes: u64,
 }
 
+impl DeviceMemory {
+    /// Of two readings of one pool, the one with more bytes in use (`self` on a tie).
+    pub fn busier(self, other: Self) -> Self {
+        if other.in_use_bytes > self.in_use_bytes {
+            other
+        } else {
+            self
+        }
+    }
+}
+
 /// The memory pool of `device` when it is a CUDA or wgpu device (in a build with that
 /// feature); `None` for other devices (the CPU backend has no pool: use process RSS) or when
 /// the runtime cannot say.
@@ -121,6 +132,17 @@ pub fn gpu_model(index: usize) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_busier_reading_has_more_bytes_in_use() {
+        let (a, b) = (
+            DeviceMemory { in_use_bytes: 300, reserved_bytes: 512 },
+            DeviceMemory { in_use_bytes: 200, reserved_bytes: 1024 },
+        );
+        assert_eq!(a.busier(b), a);
+        assert_eq!(b.busier(a), a);
+        assert_eq!(a.busier(DeviceMemory { reserved_bytes: 0, ..a }), a);
+    }
 
     #[test]
     fn the_cpu_device_names_its_thread_count() {

@@ -86,11 +86,12 @@ pub struct TrainRecord {
     /// Resident memory of node 0's process at this step, bytes (`null` off Linux).
     #[serde(default)]
     pub rss_bytes: Option<u64>,
-    /// On CUDA: bytes held by live tensors in node 0's device pool at this step (`null`
-    /// elsewhere); see [`super::device`].
+    /// On CUDA and wgpu: bytes held by live tensors in node 0's device pool at this step's
+    /// high point — the most of the readings after each forward pass and after the backward —
+    /// (`null` elsewhere); see [`super::device`].
     #[serde(default)]
     pub device_in_use_bytes: Option<u64>,
-    /// On CUDA: bytes node 0's device pool has reserved from the driver.
+    /// On CUDA and wgpu: bytes node 0's device pool has reserved from the driver.
     #[serde(default)]
     pub device_reserved_bytes: Option<u64>,
     /// Bytes of AdamW state (first and second moments) rank 0 holds: 8 B per parameter, or

@@ -54,8 +54,9 @@ pub struct StepOutput<B: Backend> {
     pub backward_time: Duration,
     /// Clipping and the AdamW update (with a device sync when `timed`).
     pub optimizer_time: Duration,
-    /// On CUDA, when `timed`: the device pool after the backward pass, when the gradients are
-    /// alive (the step's high point); `None` otherwise.
+    /// On CUDA and wgpu, when `timed`: the device pool at the reading with the most bytes in
+    /// use, of those after each forward pass (every activation alive: the step's high point in
+    /// practice) and after the backward passes (the gradients alive); `None` otherwise.
     pub device_memory: Option<DeviceMemory>,
     /// The sentinel's verdict, when the step had one (with the loss and gradient norm read
     /// back to the host).
@@ -406,7 +407,7 @@ pub fn accumulate_in<B: AutodiffBackend>(
     passes: Passes,
     device: &B::Device,
 ) -> (GradientsParams, Tensor<B::InnerBackend, 1>, usize) {
-    let (grads, nll, tokens, _) = accumulate_timed(model, micro_batches, false, passes, device);
+    let (grads, nll, tokens, _, _) = accumulate_timed(model, micro_batches, false, passes, device);
     (grads, nll, tokens)
 }
 
@@ -432,11 +433,14 @@ pub struct PassTimes {
     pub backward: Duration,
 }
 
-/// Adds the time since its last lap to a phase, after waiting for the device; does nothing
-/// (no clock read, no sync) when the step is not timed.
+/// Adds the time since its last lap to a phase, after waiting for the device, and reads the
+/// device's memory pool there (the most bytes in use at any lap: the end of a forward pass,
+/// when every activation is alive, is the step's high point); does nothing (no clock read, no
+/// sync) when the step is not timed.
 struct Stopwatch<'a, B: Backend> {
     device: &'a B::Device,
     last: Option<Instant>,
+    memory: Option<DeviceMemory>,
 }
 
 impl<'a, B: Backend> Stopwatch<'a, B> {
@@ -446,7 +450,7 @@ impl<'a, B: Backend> Stopwatch<'a, B> {
         if timed {
             let _ = B::sync(device); // host sync: timed (logging) steps only
         }
-        Self { device, last: timed.then(Instant::now) }
+        Self { device, last: timed.then(Instant::now), memory: None }
     }
 
     fn lap(&mut self, phase: &mut Duration) {
@@ -455,6 +459,9 @@ impl<'a, B: Backend> Stopwatch<'a, B> {
             let now = Instant::now();
             *phase += now - last;
             self.last = Some(now);
+            if let Some(now) = device_memory(self.device) {
+                self.memory = Some(self.memory.map_or(now, |high| high.busier(now)));
+            }
         }
     }
 }
@@ -467,7 +474,7 @@ fn accumulate_timed<B: AutodiffBackend>(
     timed: bool,
     passes: Passes,
     device: &B::Device,
-) -> (GradientsParams, Tensor<B::InnerBackend, 1>, usize, PassTimes) {
+) -> (GradientsParams, Tensor<B::InnerBackend, 1>, usize, PassTimes, Option<DeviceMemory>) {
     let mut accumulator = GradientsAccumulator::new();
     let mut nll_total: Option<Tensor<B::InnerBackend, 1>> = None;
     let mut times = PassTimes::default();
@@ -524,7 +531,8 @@ fn accumulate_timed<B: AutodiffBackend>(
         });
     }
     let nll = nll_total.unwrap_or_else(|| Tensor::zeros([1], device));
-    (accumulator.grads(), nll, micro_batches.iter().map(Batch::scored_tokens).sum(), times)
+    let tokens = micro_batches.iter().map(Batch::scored_tokens).sum();
+    (accumulator.grads(), nll, tokens, times, clock.memory)
 }
 
 /// The gradient of the global batch's token-mean loss, identical on every rank.
@@ -547,7 +555,8 @@ pub struct GlobalGradients<B: AutodiffBackend> {
     pub forward_backward_time: Duration,
     /// When timed: the forward and the backward passes apart (zero otherwise).
     pub passes: PassTimes,
-    /// On CUDA, when timed: the device pool after the backward pass.
+    /// On CUDA and wgpu, when timed: the device pool at its most bytes in use of the readings
+    /// after each forward pass and after the backward passes.
     pub device_memory: Option<DeviceMemory>,
 }
 
@@ -571,12 +580,13 @@ pub fn global_gradients<B: AutodiffBackend>(
     // fp16-mixed: Σ NLL × scale ÷ (input positions of the global batch); exactly 1 otherwise.
     let passes = Passes::of_step(settings, micro_batches, sync.rank(), sync.world_size());
     let multiplier = passes.multiplier;
-    let (grads, nll_sum, tokens, passes) =
+    let (grads, nll_sum, tokens, passes, mut memory) =
         accumulate_timed(model, micro_batches, settings.timed, passes, device);
-    let mut memory = None;
     if settings.timed {
         let _ = B::sync(device);
-        memory = device_memory(device);
+        if let Some(now) = device_memory(device) {
+            memory = Some(memory.map_or(now, |high| high.busier(now)));
+        }
     }
     let forward_backward_time = started.elapsed();
     let started = Instant::now();
