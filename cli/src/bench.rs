@@ -126,7 +126,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     );
     if let Some(device) = r.device_memory {
         out!(
-            "device memory    {:.1} MB in use at most (after forward+backward), {:.1} MB reserved by the pool",
+            "device memory    {:.1} MB in use at most (after a forward or the backward), {:.1} MB reserved by the pool",
             mb(device.in_use_bytes),
             mb(device.reserved_bytes)
         );

@@ -21,12 +21,12 @@ pub struct DeviceMemory {
 }
 
 impl DeviceMemory {
-    /// Of two readings of one pool, the one with more bytes in use (`self` on a tie).
-    pub fn busier(self, other: Self) -> Self {
-        if other.in_use_bytes > self.in_use_bytes {
-            other
-        } else {
-            self
+    /// The high points of two readings of one pool: the most bytes in use and the most
+    /// reserved, each field apart (they may come from different readings).
+    pub fn max(self, other: Self) -> Self {
+        DeviceMemory {
+            in_use_bytes: self.in_use_bytes.max(other.in_use_bytes),
+            reserved_bytes: self.reserved_bytes.max(other.reserved_bytes),
         }
     }
 }
@@ -134,14 +134,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_busier_reading_has_more_bytes_in_use() {
+    fn the_high_point_of_two_readings_takes_each_field_apart() {
         let (a, b) = (
             DeviceMemory { in_use_bytes: 300, reserved_bytes: 512 },
             DeviceMemory { in_use_bytes: 200, reserved_bytes: 1024 },
         );
-        assert_eq!(a.busier(b), a);
-        assert_eq!(b.busier(a), a);
-        assert_eq!(a.busier(DeviceMemory { reserved_bytes: 0, ..a }), a);
+        let high = DeviceMemory { in_use_bytes: 300, reserved_bytes: 1024 };
+        assert_eq!(a.max(b), high);
+        assert_eq!(b.max(a), high);
+        assert_eq!(a.max(a), a);
     }
 
     #[test]

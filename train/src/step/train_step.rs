@@ -54,9 +54,10 @@ pub struct StepOutput<B: Backend> {
     pub backward_time: Duration,
     /// Clipping and the AdamW update (with a device sync when `timed`).
     pub optimizer_time: Duration,
-    /// On CUDA and wgpu, when `timed`: the device pool at the reading with the most bytes in
-    /// use, of those after each forward pass (every activation alive: the step's high point in
-    /// practice) and after the backward passes (the gradients alive); `None` otherwise.
+    /// On CUDA and wgpu, when `timed`: the most bytes in use and reserved of the device pool's
+    /// readings after each forward pass (every activation alive: the step's high point in
+    /// practice, except under activation checkpointing, see `Stopwatch`) and after the backward
+    /// passes (the gradients alive); `None` otherwise.
     pub device_memory: Option<DeviceMemory>,
     /// The sentinel's verdict, when the step had one (with the loss and gradient norm read
     /// back to the host).
@@ -434,9 +435,11 @@ pub struct PassTimes {
 }
 
 /// Adds the time since its last lap to a phase, after waiting for the device, and reads the
-/// device's memory pool there (the most bytes in use at any lap: the end of a forward pass,
-/// when every activation is alive, is the step's high point); does nothing (no clock read, no
-/// sync) when the step is not timed.
+/// device's memory pool there, keeping the most bytes in use and reserved of every lap (the
+/// end of a forward pass, every activation alive, is the step's high point; with activation
+/// checkpointing the "forward" lap comes after the head's backward, and a block's recompute,
+/// the high point there, falls between laps); does nothing (no clock read, no sync) when the
+/// step is not timed.
 struct Stopwatch<'a, B: Backend> {
     device: &'a B::Device,
     last: Option<Instant>,
@@ -460,7 +463,7 @@ impl<'a, B: Backend> Stopwatch<'a, B> {
             *phase += now - last;
             self.last = Some(now);
             if let Some(now) = device_memory(self.device) {
-                self.memory = Some(self.memory.map_or(now, |high| high.busier(now)));
+                self.memory = Some(self.memory.map_or(now, |high| high.max(now)));
             }
         }
     }
@@ -555,8 +558,8 @@ pub struct GlobalGradients<B: AutodiffBackend> {
     pub forward_backward_time: Duration,
     /// When timed: the forward and the backward passes apart (zero otherwise).
     pub passes: PassTimes,
-    /// On CUDA and wgpu, when timed: the device pool at its most bytes in use of the readings
-    /// after each forward pass and after the backward passes.
+    /// On CUDA and wgpu, when timed: the most bytes in use and reserved of the device pool's
+    /// readings after each forward pass and after the backward passes.
     pub device_memory: Option<DeviceMemory>,
 }
 
@@ -585,7 +588,7 @@ pub fn global_gradients<B: AutodiffBackend>(
     if settings.timed {
         let _ = B::sync(device);
         if let Some(now) = device_memory(device) {
-            memory = Some(memory.map_or(now, |high| high.busier(now)));
+            memory = Some(memory.map_or(now, |high| high.max(now)));
         }
     }
     let forward_backward_time = started.elapsed();

@@ -72,9 +72,10 @@ pub struct BenchReport {
     pub baseline_rss_bytes: u64,
     /// Peak process resident memory, bytes (Linux `VmHWM`).
     pub peak_rss_bytes: u64,
-    /// On CUDA: the most bytes in use in the device pool at a phase boundary (after the
-    /// forward+backward, when gradients are alive), and the bytes the pool reserved by the end
-    /// (its high-water mark); `None` on the CPU.
+    /// On CUDA and wgpu: the most bytes in use in the device pool at a phase boundary (after
+    /// each forward pass, every activation alive, and after the backward, the gradients
+    /// alive), and the bytes the pool reserved by the end (its high-water mark); `None` on the
+    /// CPU.
     pub device_memory: Option<DeviceMemory>,
     /// The accounting of this configuration.
     pub estimate: Estimate,

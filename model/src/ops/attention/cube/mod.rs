@@ -13,7 +13,8 @@
 //!   so results are deterministic.
 //!
 //! Tiles hold `tile · d_head` f32 for two tensors: `tile` is the largest power of two up to 32
-//! that fits the device's shared memory (16 for `d_head` = 128 under WebGPU's 16 KiB). Any `T`
+//! that fits the device's shared memory (as the device reports it: 16 for `d_head` = 128 at
+//! 16 KiB, WebGPU's default, 32 at 32 KiB). Any `T`
 //! works (tiles past the end are masked); `d_head` is a compile-time constant of the kernel, at
 //! most [`MAX_HEAD_DIM`] (wider heads take the composed default).
 
@@ -101,7 +102,8 @@ pub(super) fn key_tiles(block: usize, seq: usize, #[comptime] tile: usize) -> us
 
 /// Loads rows `first..first + tile` of head `head` of a `[B, T, heads, D]` tensor into `tile`
 /// (`tile · D` f32; rows past `T` are zeros), with every unit of a cube of [`QUERY_BLOCK`]
-/// units (unrolled up to [`UNROLLED`] steps per unit: see [`Plan::chunk`] on loop iterations).
+/// units, each taking `⌈tile · D / QUERY_BLOCK⌉` elements in unrolled runs of up to
+/// [`UNROLLED`] (see [`Plan::chunk`] on loop iterations).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn load_tile<F: Float>(
@@ -116,18 +118,21 @@ pub(super) fn load_tile<F: Float>(
     #[comptime] head_dim: usize,
 ) {
     let per_unit = comptime!((rows * head_dim).div_ceil(QUERY_BLOCK as usize));
-    #[unroll(per_unit <= UNROLLED)]
-    for n in 0..per_unit {
-        let idx = n * QUERY_BLOCK as usize + UNIT_POS as usize;
-        if idx < rows * head_dim {
-            let r = idx / head_dim;
-            let d = idx % head_dim;
-            let t = first + r;
-            let mut value = f32::new(0.0);
-            if t < seq {
-                value = f32::cast_from(src[((b * seq + t) * heads + head) * head_dim + d]);
+    let step = comptime!(per_unit.min(UNROLLED));
+    for c in 0..comptime!(per_unit.div_ceil(step)) {
+        #[unroll]
+        for u in 0..step {
+            let idx = (c * step + u) * QUERY_BLOCK as usize + UNIT_POS as usize;
+            if idx < rows * head_dim {
+                let r = idx / head_dim;
+                let d = idx % head_dim;
+                let t = first + r;
+                let mut value = f32::new(0.0);
+                if t < seq {
+                    value = f32::cast_from(src[((b * seq + t) * heads + head) * head_dim + d]);
+                }
+                tile[idx] = value;
             }
-            tile[idx] = value;
         }
     }
 }
@@ -144,14 +149,15 @@ pub(super) struct Plan {
     pub(super) tile: usize,
     /// The loops over `d_head` run as `d_head / chunk` iterations of `chunk` unrolled steps:
     /// `chunk` is the largest divisor of `d_head` up to [`UNROLLED`] (64 for `d_head` 64 and
-    /// 128, 48 for 48 and 96, 7 for 7). Unrolled, the per-row arrays can live in registers on a
-    /// GPU; and Mesa's lavapipe (llvmpipe) ends every loop of a kernel invocation once the
-    /// invocation has run 65,535 loop iterations in all (`LP_MAX_TGSI_LOOP_ITERATIONS`,
-    /// "shared between every loop in a shader") without an error, so a loop per element made
-    /// the forward silently wrong there from `T · d_head` ≈ 31,000 on (T = 480 at 6 heads of 64).
-    /// Now each key (forward, `dQ`) or query of the group (`dK`, `dV`) costs
-    /// `2 · d_head / chunk + 1` iterations: lavapipe computes up to T ≈ 21,000 at `d_head` 64
-    /// (`dK`/`dV`: T · group), and 3,800 at 512. GPUs have no such limit.
+    /// 128, 48 for 48 and 96, 7 for 7). At `d_head` ≤ 64 the loops are whole, so the per-row
+    /// arrays can live in registers on a GPU. And Mesa's lavapipe (llvmpipe) ends every loop
+    /// of a kernel invocation once the invocation has run 65,535 loop iterations in all
+    /// (`LP_MAX_TGSI_LOOP_ITERATIONS`, "shared between every loop in a shader") without an
+    /// error, so a loop step per element made the forward silently wrong there from
+    /// `T · d_head` ≈ 31,000 on (T = 480 at 6 heads of 64). Now each key (forward, `dQ`) or
+    /// query of the group (`dK`, `dV`) costs `2 · d_head / chunk + 1` iterations, and each tile
+    /// load `2 · ⌈tile · d_head / (32 · 64)⌉`: lavapipe computes up to T ≈ 21,000 at `d_head`
+    /// 64 (`dK`/`dV`: T · group), and ≈ 3,800 at 512. GPUs have no such limit.
     pub(super) chunk: usize,
 }
 
