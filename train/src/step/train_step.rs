@@ -583,14 +583,9 @@ pub fn global_gradients<B: AutodiffBackend>(
     // fp16-mixed: Σ NLL × scale ÷ (input positions of the global batch); exactly 1 otherwise.
     let passes = Passes::of_step(settings, micro_batches, sync.rank(), sync.world_size());
     let multiplier = passes.multiplier;
-    let (grads, nll_sum, tokens, passes, mut memory) =
+    // When timed, the last backward lap has synced the device and read its pool.
+    let (grads, nll_sum, tokens, passes, memory) =
         accumulate_timed(model, micro_batches, settings.timed, passes, device);
-    if settings.timed {
-        let _ = B::sync(device);
-        if let Some(now) = device_memory(device) {
-            memory = Some(memory.map_or(now, |high| high.max(now)));
-        }
-    }
     let forward_backward_time = started.elapsed();
     let started = Instant::now();
     let local = Contribution {

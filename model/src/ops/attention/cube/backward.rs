@@ -7,7 +7,10 @@ use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeRuntime, IntElement};
 
-use super::{block_of, key_tiles, load_tile, position, positions_or_dummy, visible, Dims, Plan, QUERY_BLOCK};
+use super::{
+    block_of, key_tiles, load_row, load_tile, position, positions_or_dummy, visible, zero_row, Dims, Plan,
+    QUERY_BLOCK,
+};
 use crate::ops::cube::{contiguous, cube_index, empty, grid};
 
 /// `Δ[b, h, i] = Σ_d dO·O` of one row per unit.
@@ -74,15 +77,9 @@ fn attention_dq_kernel<F: Float, I: Int>(
     let mut delta_i = f32::new(0.0);
     if active {
         let base = ((b * dims.seq + i) * dims.heads + h) * head_dim;
-        for c in 0..comptime!(head_dim / chunk) {
-            #[unroll]
-            for u in 0..chunk {
-                let d = c * chunk + u;
-                q_row[d] = f32::cast_from(q[base + d]) * dims.scale;
-                do_row[d] = f32::cast_from(dout[base + d]);
-                acc[d] = f32::new(0.0);
-            }
-        }
+        load_row::<F>(q, base, dims.scale, &mut q_row, head_dim, chunk);
+        load_row::<F>(dout, base, f32::new(1.0), &mut do_row, head_dim, chunk);
+        zero_row(&mut acc, head_dim, chunk);
         pos = position::<I>(positions, b, i, dims.seq, packed);
         lse_i = lse[(b * dims.heads + h) * dims.seq + i];
         delta_i = delta[(b * dims.heads + h) * dims.seq + i];
@@ -169,16 +166,10 @@ fn attention_dkv_kernel<F: Float, I: Int>(
     let mut dv_acc = Array::<f32>::new(head_dim);
     if active {
         let base = ((b * dims.seq + j) * dims.kv_heads + kvh) * head_dim;
-        for c in 0..comptime!(head_dim / chunk) {
-            #[unroll]
-            for u in 0..chunk {
-                let d = c * chunk + u;
-                k_row[d] = f32::cast_from(k[base + d]) * dims.scale;
-                v_row[d] = f32::cast_from(v[base + d]);
-                dk_acc[d] = f32::new(0.0);
-                dv_acc[d] = f32::new(0.0);
-            }
-        }
+        load_row::<F>(k, base, dims.scale, &mut k_row, head_dim, chunk);
+        load_row::<F>(v, base, f32::new(1.0), &mut v_row, head_dim, chunk);
+        zero_row(&mut dk_acc, head_dim, chunk);
+        zero_row(&mut dv_acc, head_dim, chunk);
     }
     let mut q_tile = SharedMemory::<f32>::new(tile * head_dim);
     let mut do_tile = SharedMemory::<f32>::new(tile * head_dim);

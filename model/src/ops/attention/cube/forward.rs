@@ -7,7 +7,8 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeRuntime, IntElement};
 
 use super::{
-    block_of, key_tiles, load_tile, position, positions_or_dummy, visible, Dims, Plan, NEG_BIG, QUERY_BLOCK,
+    block_of, key_tiles, load_row, load_tile, position, positions_or_dummy, visible, zero_row, Dims, Plan,
+    NEG_BIG, QUERY_BLOCK,
 };
 use crate::ops::cube::{contiguous, empty, grid};
 
@@ -40,15 +41,9 @@ fn attention_forward_kernel<F: Float, I: Int>(
     let mut acc = Array::<f32>::new(head_dim);
     let mut pos = 0i32;
     if active {
-        for c in 0..comptime!(head_dim / chunk) {
-            #[unroll]
-            for u in 0..chunk {
-                let d = c * chunk + u;
-                q_row[d] =
-                    f32::cast_from(q[((b * dims.seq + i) * dims.heads + h) * head_dim + d]) * dims.scale;
-                acc[d] = f32::new(0.0);
-            }
-        }
+        let base = ((b * dims.seq + i) * dims.heads + h) * head_dim;
+        load_row::<F>(q, base, dims.scale, &mut q_row, head_dim, chunk);
+        zero_row(&mut acc, head_dim, chunk);
         pos = position::<I>(positions, b, i, dims.seq, packed);
     }
     let mut m = f32::new(NEG_BIG);

@@ -100,6 +100,37 @@ pub(super) fn key_tiles(block: usize, seq: usize, #[comptime] tile: usize) -> us
     last.div_ceil(tile)
 }
 
+/// `row[d] = src[base + d] · scale` for each of the `head_dim` elements of one unit's row, in
+/// unrolled runs of `chunk` (see [`Plan::chunk`]).
+#[cube]
+pub(super) fn load_row<F: Float>(
+    src: &Array<F>,
+    base: usize,
+    scale: f32,
+    row: &mut Array<f32>,
+    #[comptime] head_dim: usize,
+    #[comptime] chunk: usize,
+) {
+    for c in 0..comptime!(head_dim / chunk) {
+        #[unroll]
+        for u in 0..chunk {
+            let d = c * chunk + u;
+            row[d] = f32::cast_from(src[base + d]) * scale;
+        }
+    }
+}
+
+/// Zeros the `head_dim` elements of one unit's accumulator row, in unrolled runs of `chunk`.
+#[cube]
+pub(super) fn zero_row(row: &mut Array<f32>, #[comptime] head_dim: usize, #[comptime] chunk: usize) {
+    for c in 0..comptime!(head_dim / chunk) {
+        #[unroll]
+        for u in 0..chunk {
+            row[c * chunk + u] = f32::new(0.0);
+        }
+    }
+}
+
 /// Loads rows `first..first + tile` of head `head` of a `[B, T, heads, D]` tensor into `tile`
 /// (`tile · D` f32; rows past `T` are zeros), with every unit of a cube of [`QUERY_BLOCK`]
 /// units, each taking `⌈tile · D / QUERY_BLOCK⌉` elements in unrolled runs of up to
