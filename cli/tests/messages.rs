@@ -290,9 +290,9 @@ fn counts_of_one_read_in_the_singular() {
     assert!(out.contains("global batch: 4 sequences × 1 token = 4 tokens per optimizer step"), "{out}");
     assert!(out.contains(" rows of 1 token, "), "{out}");
     // "1 tokens" as a count of its own, not the tail of a bigger number such as "3741 tokens/s".
-    let plural_one = out.match_indices("1 tokens").any(|(i, _)| {
-        !out[..i].ends_with(|c: char| c.is_ascii_digit() || c == '.' || c == ',')
-    });
+    let plural_one = out
+        .match_indices("1 tokens")
+        .any(|(i, _)| !out[..i].ends_with(|c: char| c.is_ascii_digit() || c == '.' || c == ','));
     assert!(!plural_one, "{out}");
     std::fs::write(w.join("a.txt"), "a").unwrap();
     let out = ok(&["prepare", "--tokenizer", "char", "--input", "a.txt", "--out", "a"], w);
