@@ -36,7 +36,7 @@ impl<B: Backend> Mlp<B> {
     /// `x`: `[batch, seq_len, d_model]` → `[batch, seq_len, d_model]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let kind = if self.exact_gelu { GeluKind::Erf } else { GeluKind::Tanh };
-        let h = ops::gelu(ops::linear(&self.c_fc, x), kind); // fused: one pass, its own backward
+        let h = ops::linear_gelu(&self.c_fc, x, kind); // bias and GELU fused: one pass, its own backward
         dropout(&self.dropout, ops::linear(&self.c_proj, h))
     }
 }

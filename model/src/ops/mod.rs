@@ -19,10 +19,10 @@ pub mod norm;
 pub mod residual;
 pub mod simd;
 
-pub use activation::{gelu, swiglu, FusedActivation};
+pub use activation::{bias_gelu, gelu, swiglu, FusedActivation};
 pub use adamw::{adamw_update, AdamWScalars, FusedAdamWUpdate, UpdateGate};
 pub use attention::{flash_attention, flash_attention_qkv, FusedAttention};
-pub use linear::linear;
+pub use linear::{linear, linear_gelu};
 pub use loss::{cross_entropy_sum, FusedCrossEntropy};
 pub use norm::{layer_norm, rms_norm, FusedNorm};
 pub use residual::{residual_add, FusedAdd};

@@ -26,6 +26,27 @@ impl<B: FusedActivation> Backward<B, 1> for GeluBackward {
 }
 
 #[derive(Debug)]
+struct BiasGeluBackward;
+
+impl<B: FusedActivation> Backward<B, 2> for BiasGeluBackward {
+    /// The input before the bias, the bias and the form (`x + bias` is recomputed).
+    type State = (FloatTensor<B>, FloatTensor<B>, GeluKind);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (x, bias, kind) = ops.state;
+        let grad = grads.consume::<B>(&ops.node);
+        let (dx, dbias) = B::fused_bias_gelu_backward(x, bias, grad, kind);
+        let [x_node, bias_node] = ops.parents;
+        if let Some(node) = bias_node {
+            register_grad!(grads, B, node, dbias);
+        }
+        if let Some(node) = x_node {
+            register_grad!(grads, B, node, dx);
+        }
+    }
+}
+
+#[derive(Debug)]
 struct SwigluBackward;
 
 impl<B: FusedActivation> Backward<B, 2> for SwigluBackward {
@@ -54,6 +75,16 @@ impl<B: FusedActivation, C: CheckpointStrategy> FusedActivation for Autodiff<B, 
                 prep.finish((x.primitive, kind), y)
             }
             OpsKind::UnTracked(prep) => prep.finish(B::fused_gelu(x.primitive, kind)),
+        }
+    }
+
+    fn fused_bias_gelu(x: FloatTensor<Self>, bias: FloatTensor<Self>, kind: GeluKind) -> FloatTensor<Self> {
+        match BiasGeluBackward.prepare::<C>([x.node.clone(), bias.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let y = B::fused_bias_gelu(x.primitive.clone(), bias.primitive.clone(), kind);
+                prep.finish((x.primitive, bias.primitive, kind), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::fused_bias_gelu(x.primitive, bias.primitive, kind)),
         }
     }
 

@@ -19,6 +19,28 @@ fn back<B: Backend>(t: Tensor<B, 1>, shape: burn::tensor::Shape) -> FloatTensor<
     B::float_reshape(t.into_primitive().tensor(), shape)
 }
 
+/// `(rows, m)` of a tensor seen as rows of its last dimension.
+fn rows_and_width(shape: &burn::tensor::Shape) -> (usize, usize) {
+    let m = shape.to_vec().last().copied().unwrap_or(1).max(1);
+    (shape.num_elements() / m, m)
+}
+
+/// `x + bias` for `x` `[.., m]` and `bias` `[m]` (Burn's broadcasting add over `[rows, m]`).
+pub fn add_bias<B: Backend>(x: FloatTensor<B>, bias: FloatTensor<B>) -> FloatTensor<B> {
+    let shape = burn::tensor::TensorMetadata::shape(&x);
+    let (rows, m) = rows_and_width(&shape);
+    let x = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(B::float_reshape(x, [rows, m].into())));
+    let bias = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(B::float_reshape(bias, [1, m].into())));
+    B::float_reshape((x + bias).into_primitive().tensor(), shape)
+}
+
+/// `Σ over the rows of t`: `[.., m]` → `[m]` (a bias's gradient).
+pub fn sum_rows<B: Backend>(t: FloatTensor<B>) -> FloatTensor<B> {
+    let (rows, m) = rows_and_width(&burn::tensor::TensorMetadata::shape(&t));
+    let t = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(B::float_reshape(t, [rows, m].into())));
+    t.sum_dim(0).reshape([m]).into_primitive().tensor()
+}
+
 /// GPT-2's tanh-approximate GELU, `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` (Hendrycks &
 /// Gimpel 2016, §2; Hugging Face `gelu_new`), as composed tensor ops: the same formula as Burn's
 /// `gelu_approximate`, with `x³` as two multiplications (`powf` is slow on the CPU backend).

@@ -1,5 +1,5 @@
-//! GELU (erf and tanh) and SwiGLU as CubeCL kernels: one unit per element, forward and
-//! backward each in one pass, computing in f32 whatever the tensors' dtype. GELU-erf's Φ is
+//! GELU (erf and tanh, with or without a bias added first) and SwiGLU as CubeCL kernels: one
+//! unit per element, forward and backward each in one pass, computing in f32 whatever the tensors' dtype. GELU-erf's Φ is
 //! the same Numerical Recipes erfc fit as the composed default ([`super::composed::normal_cdf`],
 //! 1.2e-7 relative), not the backend's `erf`.
 
@@ -11,9 +11,11 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 
-use super::FusedActivation;
+use super::{composed, FusedActivation};
 use crate::ops::cube::fusion::custom_op;
-use crate::ops::cube::{contiguous, element_index, elementwise_grid, empty, two, ELEMENTWISE_THREADS};
+use crate::ops::cube::{
+    contiguous, element_index, elementwise_grid, empty, rows_cols, two, ELEMENTWISE_THREADS,
+};
 use crate::GeluKind;
 
 /// `√(2/π)`.
@@ -61,13 +63,18 @@ fn gelu_and_slope(x: f32, #[comptime] tanh: bool) -> (f32, f32) {
     }
 }
 
-/// `y = GELU(x)`, or (`backward`) `y = grad·GELU′(x)`, one unit per element.
+/// `y = GELU(x + bias)`, or (`backward`) `y = grad·GELU′(x + bias)`, one unit per element;
+/// `bias` (`[m]`, added to each row of `m`) only when `with_bias`.
 #[cube(launch)]
+#[allow(clippy::too_many_arguments)]
 fn gelu_kernel<F: Float>(
     x: &Array<F>,
+    bias: &Array<F>,
     grad: &Array<F>,
     y: &mut Array<F>,
     n: usize,
+    m: usize,
+    #[comptime] with_bias: bool,
     #[comptime] tanh: bool,
     #[comptime] backward: bool,
     #[define(F)] _dtype: StorageType,
@@ -76,7 +83,11 @@ fn gelu_kernel<F: Float>(
     if i >= n {
         terminate!();
     }
-    let (value, slope) = gelu_and_slope(f32::cast_from(x[i]), tanh);
+    let mut pre = f32::cast_from(x[i]);
+    if with_bias {
+        pre += f32::cast_from(bias[i % m]);
+    }
+    let (value, slope) = gelu_and_slope(pre, tanh);
     if backward {
         y[i] = F::cast_from(f32::cast_from(grad[i]) * slope);
     } else {
@@ -114,11 +125,20 @@ fn swiglu_kernel<F: Float>(
     }
 }
 
-/// GELU or its gradient (`grad` given) over contiguous copies of the inputs.
-fn gelu<R: CubeRuntime>(x: CubeTensor<R>, grad: Option<CubeTensor<R>>, kind: GeluKind) -> CubeTensor<R> {
+/// GELU of `x + bias` (no bias: of `x`), or its gradient with respect to `x` (`grad` given),
+/// over contiguous copies of the inputs.
+fn gelu<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    bias: Option<CubeTensor<R>>,
+    grad: Option<CubeTensor<R>>,
+    kind: GeluKind,
+) -> CubeTensor<R> {
     let x = contiguous(x);
     let n = x.shape().num_elements();
+    let (_, m) = rows_cols(&x);
     let y = empty(&x, x.shape(), x.dtype);
+    let with_bias = bias.is_some();
+    let bias = bias.map(contiguous).unwrap_or_else(|| x.clone());
     let backward = grad.is_some();
     let grad = grad.map(contiguous).unwrap_or_else(|| x.clone());
     gelu_kernel::launch::<R>(
@@ -126,9 +146,12 @@ fn gelu<R: CubeRuntime>(x: CubeTensor<R>, grad: Option<CubeTensor<R>>, kind: Gel
         elementwise_grid(n),
         CubeDim::new_1d(ELEMENTWISE_THREADS),
         x.clone().into_array_arg(),
+        bias.into_array_arg(),
         grad.into_array_arg(),
         y.clone().into_array_arg(),
         n,
+        m,
+        with_bias,
         kind == GeluKind::Tanh,
         backward,
         x.dtype.into(),
@@ -173,7 +196,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FusedActiv
     for CubeBackend<R, F, I, BT>
 {
     fn fused_gelu(x: FloatTensor<Self>, kind: GeluKind) -> FloatTensor<Self> {
-        gelu(x, None, kind)
+        gelu(x, None, None, kind)
     }
 
     fn fused_gelu_backward(
@@ -181,7 +204,28 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FusedActiv
         grad: FloatTensor<Self>,
         kind: GeluKind,
     ) -> FloatTensor<Self> {
-        gelu(x, Some(grad), kind)
+        gelu(x, None, Some(grad), kind)
+    }
+
+    fn fused_bias_gelu(x: FloatTensor<Self>, bias: FloatTensor<Self>, kind: GeluKind) -> FloatTensor<Self> {
+        if bias.dtype != x.dtype {
+            return Self::fused_gelu(composed::add_bias::<Self>(x, bias), kind);
+        }
+        gelu(x, Some(bias), None, kind)
+    }
+
+    /// `dx` by the kernel; `dbias`, a sum over rows, by Burn's reduction.
+    fn fused_bias_gelu_backward(
+        x: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        kind: GeluKind,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let dx = match bias.dtype == x.dtype {
+            true => gelu(x, Some(bias), Some(grad), kind),
+            false => Self::fused_gelu_backward(composed::add_bias::<Self>(x, bias), grad, kind),
+        };
+        (dx.clone(), composed::sum_rows::<Self>(dx))
     }
 
     fn fused_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -215,6 +259,28 @@ impl<B: FusionBackend + FusedActivation> FusedActivation for Fusion<B> {
             vec![B::fused_gelu_backward(i.float(0), i.float(1), kind)]
         })
         .remove(0)
+    }
+
+    fn fused_bias_gelu(x: FloatTensor<Self>, bias: FloatTensor<Self>, kind: GeluKind) -> FloatTensor<Self> {
+        let out = vec![(x.shape.clone(), x.dtype)];
+        custom_op::<B>("bias_gelu", vec![x, bias], out, move |i| {
+            vec![B::fused_bias_gelu(i.float(0), i.float(1), kind)]
+        })
+        .remove(0)
+    }
+
+    fn fused_bias_gelu_backward(
+        x: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        kind: GeluKind,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let out = vec![(x.shape.clone(), x.dtype), (bias.shape.clone(), bias.dtype)];
+        let [dx, dbias] = two(custom_op::<B>("bias_gelu_backward", vec![x, bias, grad], out, move |i| {
+            let (dx, dbias) = B::fused_bias_gelu_backward(i.float(0), i.float(1), i.float(2), kind);
+            vec![dx, dbias]
+        }));
+        (dx, dbias)
     }
 
     fn fused_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {

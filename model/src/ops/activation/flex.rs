@@ -6,7 +6,7 @@ use burn::tensor::{DType, TensorMetadata};
 use rayon::prelude::*;
 
 use super::{composed, FusedActivation};
-use crate::ops::flex::{contiguous_f32, from_vec, map2, map2_over};
+use crate::ops::flex::{contiguous_f32, from_vec, map2, map2_over, rows_per_task};
 use crate::ops::simd::{exp, normal_cdf, tanh, vectorized, Madd};
 use crate::GeluKind;
 
@@ -32,6 +32,91 @@ fn map_grad(
         let gs = contiguous_f32(&grad).expect("f32");
         Ok(from_vec(map2(&xs, &gs, f), grad.shape()))
     })
+}
+
+/// `out[r·m + c] = f(ma, x[r·m + c] + bias[c], out[r·m + c])` over whole rows of `m =
+/// bias.len()`, in parallel row chunks (the bias-then-activation of one linear layer in one
+/// pass).
+fn map_rows_with_bias(x: &[f32], bias: &[f32], out: &mut [f32], f: impl Fn(Madd, f32, f32) -> f32 + Sync) {
+    let m = bias.len();
+    assert!(m > 0 && x.len() == out.len() && x.len() % m == 0, "bias map: operand lengths");
+    let chunk = rows_per_task(x.len() / m, m, CHUNK) * m;
+    out.par_chunks_mut(chunk).zip(x.par_chunks(chunk)).for_each(|(out, x)| {
+        vectorized(
+            #[inline(always)]
+            |ma| {
+                for (out, x) in out.chunks_exact_mut(m).zip(x.chunks_exact(m)) {
+                    for ((o, &x), &b) in out.iter_mut().zip(x).zip(bias) {
+                        *o = f(ma, x + b, *o);
+                    }
+                }
+            },
+        )
+    });
+}
+
+/// `GELU(x + bias)`, or with `grad` given `grad·GELU′(x + bias)` (written over `grad` when it
+/// is a contiguous f32 buffer nothing else holds), on f32 buffers; `Err` with `grad` back when
+/// an operand is not f32 or the sizes do not match (the caller takes the default path).
+#[allow(clippy::type_complexity)]
+fn bias_gelu(
+    x: &FloatTensor<Flex>,
+    bias: &FloatTensor<Flex>,
+    grad: Option<FloatTensor<Flex>>,
+    kind: GeluKind,
+) -> Result<FloatTensor<Flex>, Option<FloatTensor<Flex>>> {
+    let (Some(xs), Some(bs)) = (contiguous_f32(x), contiguous_f32(bias)) else { return Err(grad) };
+    let m = bs.len();
+    let shape_ok = |t: &FloatTensor<Flex>| t.dtype() == DType::F32 && t.shape() == x.shape();
+    if m == 0 || x.shape().to_vec().last() != Some(&m) || !grad.as_ref().is_none_or(shape_ok) {
+        return Err(grad);
+    }
+    let erf = kind == GeluKind::Erf;
+    let Some(mut grad) = grad else {
+        let mut out = vec![0.0; xs.len()]; // fresh zero pages: no pass of their own
+        match erf {
+            true => map_rows_with_bias(
+                &xs,
+                &bs,
+                &mut out,
+                #[inline(always)]
+                |ma, z, _| gelu_erf(ma, z),
+            ),
+            false => map_rows_with_bias(
+                &xs,
+                &bs,
+                &mut out,
+                #[inline(always)]
+                |ma, z, _| gelu_tanh(ma, z),
+            ),
+        }
+        return Ok(from_vec(out, x.shape()));
+    };
+    let slope = |out: &mut [f32]| match erf {
+        true => map_rows_with_bias(
+            &xs,
+            &bs,
+            out,
+            #[inline(always)]
+            |ma, z, g| g * gelu_erf_slope(ma, z),
+        ),
+        false => map_rows_with_bias(
+            &xs,
+            &bs,
+            out,
+            #[inline(always)]
+            |ma, z, g| g * gelu_tanh_slope(ma, z),
+        ),
+    };
+    if let Some((start, end)) = grad.layout().contiguous_offsets() {
+        if let Some(buf) = grad.try_storage_mut::<f32>() {
+            slope(&mut buf[start..end]);
+            return Ok(grad);
+        }
+    }
+    let mut out = contiguous_f32(&grad).expect("f32").into_owned();
+    slope(&mut out);
+    Ok(from_vec(out, x.shape()))
 }
 
 #[inline(always)]
@@ -101,6 +186,29 @@ impl FusedActivation for Flex {
             ),
         };
         out.unwrap_or_else(|grad| composed::gelu_backward::<Self>(x, grad, kind))
+    }
+
+    fn fused_bias_gelu(x: FloatTensor<Self>, bias: FloatTensor<Self>, kind: GeluKind) -> FloatTensor<Self> {
+        bias_gelu(&x, &bias, None, kind)
+            .unwrap_or_else(|_| Self::fused_gelu(composed::add_bias::<Self>(x, bias), kind))
+    }
+
+    /// `dx` in one pass over the rows (over the incoming gradient where nothing else holds
+    /// it); `dbias` by Burn's `sum_dim` over the rows, as the linear layer's bias had it.
+    fn fused_bias_gelu_backward(
+        x: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        kind: GeluKind,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let dx = match bias_gelu(&x, &bias, Some(grad), kind) {
+            Ok(dx) => dx,
+            Err(grad) => {
+                let grad = grad.expect("given");
+                Self::fused_gelu_backward(composed::add_bias::<Self>(x, bias), grad, kind)
+            }
+        };
+        (dx.clone(), composed::sum_rows::<Self>(dx))
     }
 
     fn fused_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -36,6 +36,28 @@ pub trait FusedActivation: Backend {
         composed::gelu_backward::<Self>(x, grad, kind)
     }
 
+    /// `GELU(x + bias)`: `x` `[.., m]` (any rank), `bias` `[m]` added to every row — a linear
+    /// layer's bias and its activation in one pass over the `[rows, m]` activations (GPT-2's
+    /// `c_fc`), instead of one pass for the bias and one for GELU. The default adds the bias
+    /// with Burn's broadcasting add, then calls [`Self::fused_gelu`].
+    fn fused_bias_gelu(x: FloatTensor<Self>, bias: FloatTensor<Self>, kind: GeluKind) -> FloatTensor<Self> {
+        Self::fused_gelu(composed::add_bias::<Self>(x, bias), kind)
+    }
+
+    /// `(dx, dbias)` of `Σ grad ⊙ GELU(x + bias)`: `dx = grad·GELU′(x + bias)` (`x`'s shape)
+    /// and `dbias = Σ over the rows of dx` (`[m]`). The default recomputes `x + bias`, calls
+    /// [`Self::fused_gelu_backward`] and sums the rows with Burn's `sum_dim`.
+    fn fused_bias_gelu_backward(
+        x: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        kind: GeluKind,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let dx = Self::fused_gelu_backward(composed::add_bias::<Self>(x, bias), grad, kind);
+        let dbias = composed::sum_rows::<Self>(dx.clone());
+        (dx, dbias)
+    }
+
     /// `SiLU(gate) ⊙ up` (Shazeer 2020, eq. 6): `gate`, `up` of the same shape.
     fn fused_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
         composed::swiglu::<Self>(gate, up)
@@ -59,6 +81,22 @@ pub fn gelu<B: Backend, const D: usize>(x: Tensor<B, D>, kind: GeluKind) -> Tens
         same::<FloatTensor<FB>, FloatTensor<B>>(FB::fused_gelu(same(x), kind))
     } else {
         composed::gelu::<B>(x, kind)
+    });
+    Tensor::from_primitive(TensorPrimitive::Float(y))
+}
+
+/// `GELU(x + bias)` for `x` `[.., m]` and `bias` `[m]`, in one pass where the backend has it
+/// (see [`FusedActivation::fused_bias_gelu`]); the gradient reaches both.
+pub fn bias_gelu<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    bias: Tensor<B, 1>,
+    kind: GeluKind,
+) -> Tensor<B, D> {
+    let (x, bias) = (x.into_primitive().tensor(), bias.into_primitive().tensor());
+    let y = with_fused_backend!(B, FB => {
+        same::<FloatTensor<FB>, FloatTensor<B>>(FB::fused_bias_gelu(same(x), same(bias), kind))
+    } else {
+        composed::gelu::<B>(composed::add_bias::<B>(x, bias), kind)
     });
     Tensor::from_primitive(TensorPrimitive::Float(y))
 }

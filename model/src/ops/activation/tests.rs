@@ -4,7 +4,7 @@ use burn::tensor::Tensor;
 
 use super::composed;
 use crate::ops::testing::{assert_close, randn, Ad};
-use crate::ops::{gelu, swiglu};
+use crate::ops::{bias_gelu, gelu, swiglu};
 use crate::GeluKind;
 
 fn reference_gelu(x: Tensor<Ad, 3>, kind: GeluKind) -> Tensor<Ad, 3> {
@@ -42,6 +42,42 @@ fn gelu_values_and_gradients_equal_the_composed_ops() {
             1e-1,
         );
     }
+}
+
+/// `GELU(x + bias)` in one pass (Flex's row kernel, and its autodiff node) equals Burn's
+/// broadcasting add followed by the composed GELU: values, `dx` and `dbias`.
+#[test]
+fn bias_gelu_values_and_gradients_equal_the_composed_ops() {
+    for kind in [GeluKind::Erf, GeluKind::Tanh] {
+        // Rows of 127 (odd), 183 of them; more than one rayon chunk.
+        let (x, b) = (randn([3, 61, 127], 3.0, 17), randn([127], 1.0, 18));
+        let w = randn([3, 61, 127], 1.0, 19);
+        let (xf, bf) = (x.clone().require_grad(), b.clone().require_grad());
+        let (xr, br) = (x.clone().require_grad(), b.clone().require_grad());
+        let yf = bias_gelu(xf.clone(), bf.clone(), kind);
+        let yr = reference_gelu(xr.clone() + br.clone().unsqueeze::<3>(), kind);
+        assert_close("bias gelu", yf.clone(), yr.clone(), 1e-5, 1e-1);
+        let gf = (yf * w.clone()).sum().backward();
+        let gr = (yr * w).sum().backward();
+        assert_close("dbias_gelu/dx", xf.grad(&gf).unwrap(), xr.grad(&gr).unwrap(), 1e-5, 1e-1);
+        assert_close("dbias_gelu/dbias", bf.grad(&gf).unwrap(), br.grad(&gr).unwrap(), 1e-5, 1.0);
+        // Without autodiff: the Flex kernel itself.
+        let inner = bias_gelu(x.clone().inner(), b.clone().inner(), kind);
+        assert_close(
+            "bias gelu (inner)",
+            inner,
+            reference_gelu(x.clone() + b.clone().unsqueeze::<3>(), kind).inner(),
+            1e-5,
+            1e-1,
+        );
+    }
+    let x = Tensor::<Ad, 2>::from_floats([[0.5, -2.0], [1.0, 0.0]], &Default::default());
+    let b = Tensor::<Ad, 1>::from_floats([0.5, 0.0], &Default::default());
+    let y = bias_gelu(x, b, GeluKind::Erf).into_data().to_vec::<f32>().unwrap();
+    // GELU_erf(0.5 + 0.5) = Φ(1) = 0.8413447; GELU_erf(−2) = −0.0455003; GELU_erf(1 + 0.5) =
+    // 1.5·Φ(1.5) = 1.5 × 0.9331928 = 1.3997892.
+    let want = [0.841_344_7, -0.045_500_26, 1.399_789_2, 0.0];
+    assert!(y.iter().zip(want).all(|(y, w)| (y - w).abs() < 1e-6), "{y:?}");
 }
 
 #[test]

@@ -115,3 +115,23 @@ pub fn linear<B: Backend, const D: usize>(layer: &Linear<B>, x: Tensor<B, D>) ->
     out[D - 1] = y.dims()[1];
     y.reshape(out)
 }
+
+/// `GELU(layer(x))` for `x` `[d₀, …, in]` → `[d₀, …, out]`: [`linear`]'s matmul, then the bias
+/// and the activation in one pass ([`crate::ops::bias_gelu`]) where the layer has a bias,
+/// [`crate::ops::gelu`] where it has none (GPT-2's `c_fc`).
+pub fn linear_gelu<B: Backend, const D: usize>(
+    layer: &Linear<B>,
+    x: Tensor<B, D>,
+    kind: crate::GeluKind,
+) -> Tensor<B, D> {
+    let dims = x.dims();
+    let rows: usize = dims[..D - 1].iter().product();
+    let y = matmul(x.reshape([rows, dims[D - 1]]), layer.weight.val());
+    let y = match &layer.bias {
+        Some(bias) => super::bias_gelu(y, bias.val(), kind),
+        None => super::gelu(y, kind),
+    };
+    let mut out = dims;
+    out[D - 1] = y.dims()[1];
+    y.reshape(out)
+}

@@ -1,4 +1,4 @@
-//! GELU (erf, tanh) and SwiGLU kernels vs the composed defaults on the same wgpu device
+//! GELU (erf, tanh; with a bias added first too) and SwiGLU kernels vs the composed defaults on the same wgpu device
 //! (differentiated by Burn's autodiff): values and input gradients within 1e-5 relative.
 
 use burn::tensor::{Tensor, TensorPrimitive};
@@ -6,7 +6,7 @@ use burn::tensor::{Tensor, TensorPrimitive};
 use super::{assert_close, device, host, leaf, AdWgpu};
 use crate::ops::activation::composed;
 use crate::ops::testing::randn;
-use crate::ops::{gelu, swiglu};
+use crate::ops::{bias_gelu, gelu, swiglu};
 use crate::GeluKind;
 
 /// A composed op on autodiff primitives, back as a tensor.
@@ -36,6 +36,37 @@ fn cube_gelu_equals_the_composed_default_on_wgpu() {
         // is there a difference of O(0.1) terms, rounded by both sides: floor 0.1.
         assert_close(&format!("gelu {kind:?} y"), &fused[0], &reference[0], 1e-5, 1e-2);
         assert_close(&format!("gelu {kind:?} dx"), &fused[1], &reference[1], 1e-5, 0.1);
+    }
+}
+
+/// GELU with a bias (GPT-2's `c_fc` with `bias = true`): the kernel against Burn's
+/// broadcasting add and the composed GELU, values and the gradients of `x` and of the bias.
+#[test]
+fn cube_bias_gelu_equals_the_composed_default_on_wgpu() {
+    let Some(dev) = device("cube_bias_gelu_equals_the_composed_default_on_wgpu") else { return };
+    // Rows of 41 (not a multiple of a cube), 201 of them for the bias gradient's sum.
+    let (x, b) = (randn([3, 67, 41], 3.0, 27), randn([41], 1.0, 28));
+    let w = Tensor::<AdWgpu, 3>::from_data(randn([3, 67, 41], 1.0, 29).to_data(), &dev);
+    for kind in [GeluKind::Erf, GeluKind::Tanh] {
+        let run = |fused: bool| {
+            let (x, b) = (leaf(&x, &dev), leaf(&b, &dev));
+            let y = if fused {
+                bias_gelu(x.clone(), b.clone(), kind)
+            } else {
+                let pre = composed::add_bias::<AdWgpu>(
+                    x.clone().into_primitive().tensor(),
+                    b.clone().into_primitive().tensor(),
+                );
+                wrap(composed::gelu::<AdWgpu>(pre, kind))
+            };
+            let grads = (y.clone() * w.clone()).sum().backward();
+            [host(y), host(x.grad(&grads).unwrap()), host(b.grad(&grads).unwrap())]
+        };
+        let (fused, reference) = (run(true), run(false));
+        assert_close(&format!("bias gelu {kind:?} y"), &fused[0], &reference[0], 1e-5, 1e-2);
+        assert_close(&format!("bias gelu {kind:?} dx"), &fused[1], &reference[1], 1e-5, 0.1);
+        // A sum of 201 slopes: the floor is the dx floor times the rows' √201 ≈ 14 rounding spread.
+        assert_close(&format!("bias gelu {kind:?} dbias"), &fused[2], &reference[2], 1e-5, 1.0);
     }
 }
 
