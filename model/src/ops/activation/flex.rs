@@ -39,7 +39,7 @@ fn map_grad(
 /// pass).
 fn map_rows_with_bias(x: &[f32], bias: &[f32], out: &mut [f32], f: impl Fn(Madd, f32, f32) -> f32 + Sync) {
     let m = bias.len();
-    assert!(m > 0 && x.len() == out.len() && x.len() % m == 0, "bias map: operand lengths");
+    assert!(m > 0 && x.len() == out.len() && x.len().is_multiple_of(m), "bias map: operand lengths");
     let chunk = rows_per_task(x.len() / m, m, CHUNK) * m;
     out.par_chunks_mut(chunk).zip(x.par_chunks(chunk)).for_each(|(out, x)| {
         vectorized(
