@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use ember_train::observe::accounting::{estimate_run, known_peak_flops, Estimate};
+use ember_train::observe::accounting::{estimate_run, known_peak_flops, Estimate, MemoryReading};
 use ember_train::observe::fits;
 use ember_train::observe::words::count;
 use ember_train::{BackendKind, CheckpointingKind, PrecisionKind, RunConfig};
@@ -159,18 +159,29 @@ fn table(e: &Estimate, config: &RunConfig) -> String {
         ),
         (
             "peak per device".into(),
-            match e.mode.checkpointing {
-                CheckpointingKind::None => {
-                    format!(
-                        "{} ({} with activation_checkpointing = \"blocks\")",
-                        gb(e.peak),
-                        gb(e.peak_bytes.1)
-                    )
+            format!(
+                "{}; {}",
+                match e.mode.checkpointing {
+                    CheckpointingKind::None => {
+                        format!(
+                            "{} ({} with activation_checkpointing = \"blocks\")",
+                            gb(e.peak),
+                            gb(e.peak_bytes.1)
+                        )
+                    }
+                    CheckpointingKind::Blocks => {
+                        format!("{} with checkpointing ({} without)", gb(e.peak), gb(e.peak_bytes.0))
+                    }
+                },
+                match e.mode.memory {
+                    MemoryReading::ProcessRss => {
+                        "as the process's RSS counts it on the CPU (every gradient beside every activation)"
+                    }
+                    MemoryReading::DeviceInUse => {
+                        "bytes in use in the device pool (at the start of the backward; the pool reserves more)"
+                    }
                 }
-                CheckpointingKind::Blocks => {
-                    format!("{} with checkpointing ({} without)", gb(e.peak), gb(e.peak_bytes.0))
-                }
-            },
+            ),
         ),
         (
             "this process (CPU)".into(),

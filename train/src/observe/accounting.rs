@@ -47,6 +47,24 @@ pub struct Mode {
     /// Ranks the AdamW state is sharded over (`[parallel] shard_optimizer`, ZeRO-1); 1 when it
     /// is replicated.
     pub optimizer_shards: u64,
+    /// Whose bytes the peak predicts: the process's on the CPU, the device pool's on a GPU.
+    pub memory: MemoryReading,
+}
+
+/// What the peak estimate predicts, by backend: the two differ in whether a freed gradient's
+/// bytes still count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MemoryReading {
+    /// burn-flex: the process's peak RSS. The allocator keeps what the previous step freed, so
+    /// every gradient's bytes count on top of every activation's (measured within −9% and +11%
+    /// on burn-flex, README "`ember estimate` and `ember bench`").
+    ProcessRss,
+    /// CUDA, wgpu: the bytes in use in CubeCL's memory pool. At the start of the backward only
+    /// the gradients made before it frees any activation exist (the LM head's and the last
+    /// layer's): measured within 3% on wgpu (README, "Attention on each backend"). The pool
+    /// reserves more than it uses (its pages): 25–35% more on lavapipe.
+    DeviceInUse,
 }
 
 impl Mode {
@@ -59,6 +77,10 @@ impl Mode {
             optimizer_shards: match config.parallel.shard_optimizer {
                 true => config.world_size() as u64,
                 false => 1,
+            },
+            memory: match config.backend {
+                BackendKind::Flex => MemoryReading::ProcessRss,
+                BackendKind::Cuda | BackendKind::Wgpu => MemoryReading::DeviceInUse,
             },
         }
     }
@@ -249,9 +271,21 @@ pub struct Estimate {
     /// while the gradients are — the flattened gradients and their reduced copy, 8 B/param
     /// (`parallel::collective`); 0 for one rank.
     pub exchange_bytes: u64,
-    /// Peak bytes per device without and with activation checkpointing: the larger of the
-    /// backward pass's (persistent + 16-bit weight copies + activations + the backward working
-    /// set) and the gradient exchange's (persistent + [`Self::exchange_bytes`]).
+    /// Peak bytes per device without and with activation checkpointing, as [`Mode::memory`]
+    /// reads them: the largest of
+    /// - the start of the backward pass: weights and AdamW state, the 16-bit weight copies,
+    ///   every activation, the backward working set, and the gradients — all of them in a
+    ///   process's RSS ([`MemoryReading::ProcessRss`]), only those made before the backward
+    ///   frees any activation (the LM head's and the last layer's matmul weights') in a device
+    ///   pool's bytes in use ([`MemoryReading::DeviceInUse`]),
+    /// - its end: the persistent bytes (every gradient made), the copies and the working set
+    ///   (measured on wgpu: 16 B/param to the byte after the backward of a 2×128 model),
+    /// - the gradient exchange: persistent + [`Self::exchange_bytes`].
+    ///
+    /// Each layer's backward frees that layer's activations while it makes its gradients, so
+    /// the bytes in use move linearly between the first two. Measured on wgpu (CubeCL's exact
+    /// in-use count) the start is the step's high point, 1.7–2.5% under this; counting every
+    /// gradient there, as the device estimate did before 2026-12-04, overstated it by 4 B/param.
     pub peak_bytes: (u64, u64),
     /// The peak of the run's own checkpointing mode (one of `peak_bytes`).
     pub peak: u64,
@@ -458,9 +492,24 @@ pub fn estimate(
     };
     let exchange_bytes = if world_size > 1 { 8 * params } else { 0 };
     let exchange = persistent_bytes + exchange_bytes;
+    // The backward frees each layer's activations as it makes that layer's gradients, so the
+    // step has two candidate high points: its start (every activation alive, only the LM
+    // head's and the last layer's gradients made) and its end (every gradient made, the
+    // activations freed). In between the sum moves linearly from one to the other. A
+    // process's RSS still holds the previous step's gradients at the start (the allocator
+    // keeps freed memory), a device pool's bytes in use do not.
+    let grads_bytes = params * per_param.grads;
+    let grads_at_start = match mode.memory {
+        MemoryReading::ProcessRss => grads_bytes,
+        MemoryReading::DeviceInUse => (head_params + d.layer_matmul_params) * per_param.grads,
+    };
+    let start = |copies: u64, activations: u64| {
+        persistent_bytes - grads_bytes + grads_at_start + copies + activations + backward_working_set
+    };
+    let end = |copies: u64| persistent_bytes + copies + backward_working_set;
     let peak_bytes = (
-        (persistent_bytes + copies_none + total + backward_working_set).max(exchange),
-        (persistent_bytes + copies_blocks + total_checkpointed + backward_working_set).max(exchange),
+        start(copies_none, total).max(end(copies_none)).max(exchange),
+        start(copies_blocks, total_checkpointed).max(end(copies_blocks)).max(exchange),
     );
     let blocks = mode.checkpointing == CheckpointingKind::Blocks;
     let flops_per_token = 6 * params + 12 * d.n_layer * d.d_model * seq_len;
@@ -540,7 +589,13 @@ mod tests {
     use super::*;
 
     fn mode(precision: PrecisionKind, attention: AttentionPath) -> Mode {
-        Mode { precision, attention, checkpointing: CheckpointingKind::None, optimizer_shards: 1 }
+        Mode {
+            precision,
+            attention,
+            checkpointing: CheckpointingKind::None,
+            optimizer_shards: 1,
+            memory: MemoryReading::ProcessRss,
+        }
     }
 
     /// The activations of `model` at shakespeare-char's shapes: 12 rows of 64 tokens.
@@ -619,6 +674,14 @@ mod tests {
         // Two ranks exchange the gradients: 8 B/param of buffers after the backward pass, whose
         // peak is the larger here (1 × 128 tokens of activations are 0.115 GB).
         assert_eq!(one.exchange_bytes, 0, "one rank: nothing exchanged");
+        // One rank, 128 tokens, in a device pool: the end of the backward is the high point
+        // (every gradient, 4 B × 124M, outweighs the activations the backward has freed by
+        // then); in a process's RSS every gradient counts at the start already.
+        let a = one.activations;
+        assert_eq!(one.peak, params * 16 + a.total);
+        let device = Mode { memory: MemoryReading::DeviceInUse, ..one.mode };
+        let on_device = estimate(&model, 1, 128, 256, 1, device, None, 0.4);
+        assert_eq!(on_device.peak, params * 16);
         assert_eq!(two.exchange_bytes, params * 8);
         assert_eq!(two.peak, params * 8 + larger * 8 + params * 8);
         let replicated =
@@ -661,10 +724,18 @@ mod tests {
         // Checkpointed: 4 layer inputs (393,216 B each) + one layer + final norm + loss.
         assert_eq!(a.total_checkpointed, 1_572_864 + 6_316_032 + 792_576 + 307_200);
         assert_eq!(a.backward_working_set, 0, "fp32");
-        // Peak: 16 B × 804,224 = 12,867,584 + activations.
+        // Peak RSS on the CPU: 16 B × 804,224 = 12,867,584 + activations.
         assert_eq!(e.peak_bytes.0, 12_867_584 + 26_363_904); // 39.2 MB
         assert_eq!(e.peak_bytes.1, 12_867_584 + 8_988_672);
         assert_eq!(e.peak, e.peak_bytes.0, "the run keeps every activation");
+        // A device pool's bytes in use at the start of the backward: weights and moments
+        // 12 B × 804,224 = 9,650,688, the gradients made first (the head's 66·128 and the last
+        // layer's 12·128², 4 B each: 820,224) and the activations; its end (16 B/param:
+        // 12,867,584) is lower, also with checkpointing.
+        let device = Mode { memory: MemoryReading::DeviceInUse, ..e.mode };
+        let on_device = estimate(&model, 12, 64, 768, 1, device, None, 0.5);
+        assert_eq!(on_device.peak_bytes.0, 9_650_688 + 820_224 + 26_363_904); // 36.8 MB
+        assert_eq!(on_device.peak_bytes.1, 9_650_688 + 820_224 + 8_988_672);
         // FLOPs/token: 6·804,224 + 12·4·128·64 = 4,825,344 + 393,216.
         assert_eq!(e.flops_per_token, 5_218_560);
         assert_eq!(e.flops_per_step, 5_218_560.0 * 768.0);

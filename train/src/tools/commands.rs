@@ -162,6 +162,8 @@ pub fn bench_run(
     }
     let kind = backend.unwrap_or(config.backend);
     check_precision(kind, config.precision)?;
+    // The run is on `kind`: its estimate models that backend's memory (`Mode::of`).
+    config.backend = kind;
     let name = describe_device(kind, config.device);
     let table_peak = match kind {
         BackendKind::Cuda => table_peak_flops(&config),
