@@ -7,7 +7,7 @@ use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn::tensor::{Bytes, DType, Shape};
 
 use super::transpose::transposed;
-use super::{one_after_the_other, FusedMatmul};
+use super::{bf16, bf16_backward_by_casts, bf16_by_casts, one_after_the_other, FusedMatmul};
 
 /// Burn-flex's threshold for a multi-threaded gemm (m·n·k).
 const PARALLEL: usize = 192 * 192 * 192;
@@ -114,6 +114,27 @@ fn product(a: &Operand, b: &Operand, col_major: bool) -> FlexTensor {
     FlexTensor::new(Bytes::from_elems(out), layout, DType::F32)
 }
 
+/// `bf16(a)·bf16(b)` summed in f32 by the AVX512-BF16 kernel ([`bf16::gemm`]) into a new f32
+/// tensor, column-major when `col_major` (computed as `bf16(b)ᵀ·bf16(a)ᵀ` row-major).
+fn product_bf16(a: &Operand, b: &Operand, col_major: bool) -> FlexTensor {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    assert_eq!(k, b.rows, "matmul: inner dimensions {k} and {} differ", b.rows);
+    let view = |o: &Operand| bf16::View { ptr: o.ptr(), rs: o.rs, cs: o.cs };
+    let mut out = vec![0.0f32; m * n]; // fresh zero pages: no pass of their own
+                                       // SAFETY: the views describe the operands inside their buffers (Flex's layouts).
+    unsafe {
+        match col_major {
+            false => bf16::gemm(m, n, k, view(a), view(b), &mut out),
+            true => bf16::gemm(n, m, k, view(b).t(), view(a).t(), &mut out),
+        }
+    }
+    let layout = match col_major {
+        true => Layout::new(Shape::new([m, n]), vec![1, m as isize], 0),
+        false => Layout::contiguous(Shape::new([m, n])),
+    };
+    FlexTensor::new(Bytes::from_elems(out), layout, DType::F32)
+}
+
 /// True when `t`'s columns are contiguous (a transposed view, e.g. an embedding tied as the
 /// LM head): its gradient is written the same way.
 fn column_major(t: &FlexTensor) -> bool {
@@ -122,6 +143,36 @@ fn column_major(t: &FlexTensor) -> bool {
 }
 
 impl FusedMatmul for Flex {
+    /// The AVX512-BF16 kernel where the CPU has it (operands rounded while packed, no bf16
+    /// copies), else Burn's casts.
+    fn fused_matmul_bf16(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
+        match (bf16::available(), Operand::of(&x), Operand::of(&w)) {
+            (true, Some(a), Some(b)) => product_bf16(&a, &b, false),
+            _ => bf16_by_casts::<Self>(x, w),
+        }
+    }
+
+    /// `bf16(dy)·bf16(w)ᵀ` and `bf16(x)ᵀ·bf16(dy)` by the kernel, side by side when both are
+    /// wanted; the weight gradient keeps the weight's layout.
+    fn fused_matmul_bf16_backward(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        want_dx: bool,
+        want_dw: bool,
+    ) -> (Option<FloatTensor<Self>>, Option<FloatTensor<Self>>) {
+        let (Some(xo), Some(wo), Some(dyo), true) =
+            (Operand::of(&x), Operand::of(&w), Operand::of(&dy), bf16::available())
+        else {
+            return bf16_backward_by_casts::<Self>(x, w, dy, want_dx, want_dw);
+        };
+        let col_major = column_major(&w);
+        let dx = || want_dx.then(|| product_bf16(&dyo, &wo.t(), false));
+        let dw = || want_dw.then(|| product_bf16(&xo.t(), &dyo, col_major));
+        let (dx, dw) = rayon::join(dx, dw);
+        (dx, dw)
+    }
+
     fn fused_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
         match (Operand::of(&x), Operand::of(&w)) {
             (Some(a), Some(b)) => product(&a, &b, false),

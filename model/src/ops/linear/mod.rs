@@ -1,6 +1,7 @@
 //! Linear layers and the LM head as one 2-D matmul with its own backward.
 
 mod autodiff;
+pub mod bf16;
 mod flex;
 #[cfg(test)]
 mod tests;
@@ -53,6 +54,51 @@ pub trait FusedMatmul: Backend {
     ) -> (Option<FloatTensor<Self>>, Option<FloatTensor<Self>>) {
         one_after_the_other::<Self>(x, w, dy, want_dx, want_dw)
     }
+
+    /// `bf16(x)·bf16(w)`, summed in f32, f32 out: `bf16-mixed`'s matmul of f32 operands
+    /// (`[n, k]·[k, m]` → `[n, m]`). The default is Burn's casts around
+    /// [`Self::fused_matmul`] on the bf16 copies (whose product is itself rounded to bf16).
+    fn fused_matmul_bf16(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
+        bf16_by_casts::<Self>(x, w)
+    }
+
+    /// Both gradients of [`Self::fused_matmul_bf16`] for the incoming f32 `dy`, in f32:
+    /// `(bf16(dy)·bf16(w)ᵀ, bf16(x)ᵀ·bf16(dy))`, each only where asked. The default casts the
+    /// three to bf16 and the products back.
+    fn fused_matmul_bf16_backward(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        want_dx: bool,
+        want_dw: bool,
+    ) -> (Option<FloatTensor<Self>>, Option<FloatTensor<Self>>) {
+        bf16_backward_by_casts::<Self>(x, w, dy, want_dx, want_dw)
+    }
+}
+
+/// `t` cast to `dtype` (Burn's cast on the primitive).
+fn cast<B: Backend>(t: FloatTensor<B>, dtype: DType) -> FloatTensor<B> {
+    B::float_cast(t, dtype.into())
+}
+
+/// [`FusedMatmul::fused_matmul_bf16`]'s default: bf16 copies, [`FusedMatmul::fused_matmul`],
+/// the product cast back to f32.
+fn bf16_by_casts<B: FusedMatmul>(x: FloatTensor<B>, w: FloatTensor<B>) -> FloatTensor<B> {
+    cast::<B>(B::fused_matmul(cast::<B>(x, DType::BF16), cast::<B>(w, DType::BF16)), DType::F32)
+}
+
+/// [`FusedMatmul::fused_matmul_bf16_backward`]'s default: the three cast to bf16, the
+/// products cast back.
+fn bf16_backward_by_casts<B: FusedMatmul>(
+    x: FloatTensor<B>,
+    w: FloatTensor<B>,
+    dy: FloatTensor<B>,
+    want_dx: bool,
+    want_dw: bool,
+) -> (Option<FloatTensor<B>>, Option<FloatTensor<B>>) {
+    let [x, w, dy] = [x, w, dy].map(|t| cast::<B>(t, DType::BF16));
+    let (dx, dw) = B::fused_matmul_backward(x, w, dy, want_dx, want_dw);
+    (dx.map(|t| cast::<B>(t, DType::F32)), dw.map(|t| cast::<B>(t, DType::F32)))
 }
 
 /// [`FusedMatmul::fused_matmul_backward`]'s default: `xᵀ·dy` (if `want_dw`), then `dy·wᵀ` (if
@@ -83,6 +129,11 @@ impl FusedMatmul for burn::backend::Wgpu {}
 /// the product back to f32 (the gradients flow back through the casts in f32).
 pub fn matmul<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B, 2> {
     if let Some(dtype) = crate::precision::matmul_dtype() {
+        if dtype == DType::BF16 && x.dtype() == DType::F32 && w.dtype() == DType::F32 && bf16::available() {
+            if let Some(y) = flex_bf16::<B>(x.clone(), w.clone()) {
+                return y;
+            }
+        }
         if x.dtype() != dtype {
             return matmul(x.cast(dtype), w.cast(dtype)).cast(DType::F32);
         }
@@ -94,6 +145,23 @@ pub fn matmul<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B, 2> {
         B::float_matmul(x, w)
     });
     Tensor::from_primitive(TensorPrimitive::Float(y))
+}
+
+/// `bf16(x)·bf16(w)` in f32 by the AVX512-BF16 kernel ([`bf16`]), with its own backward, where
+/// `B` is burn-flex or its `Autodiff`; `None` on other backends.
+fn flex_bf16<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Tensor<B, 2>> {
+    use super::dispatch::is;
+    use burn::backend::{Autodiff, Flex};
+    let (x, w) = (x.into_primitive().tensor(), w.into_primitive().tensor());
+    let y = if is::<B, Flex>() {
+        same::<FloatTensor<Flex>, FloatTensor<B>>(Flex::fused_matmul_bf16(same(x), same(w)))
+    } else if is::<B, Autodiff<Flex>>() {
+        type Ad = Autodiff<Flex>;
+        same::<FloatTensor<Ad>, FloatTensor<B>>(Ad::fused_matmul_bf16(same(x), same(w)))
+    } else {
+        return None;
+    };
+    Some(Tensor::from_primitive(TensorPrimitive::Float(y)))
 }
 
 /// `layer(x)` for `x` `[d₀, …, in]` → `[d₀, …, out]`, computed on the `[d₀·…, in]` view.

@@ -1,0 +1,286 @@
+//! A bfloat16 matmul for `bf16-mixed` on the CPU: both operands rounded to bf16 (round to
+//! nearest even, as `torch.autocast` and `vcvtneps2bf16` do) while they are packed, products
+//! summed in f32 by AVX512-BF16's `vdpbf16ps` (two bf16 products per f32 lane and instruction:
+//! twice the f32 FMA's), f32 out. Goto & van de Geijn's blocking (ACM TOMS 34(3), 2008): `KC`
+//! rows of the shared dimension at a time, `B` packed in panels of `NR` columns, `A` in tiles of
+//! `MR` rows, an `MR × NR` register tile per microkernel call. `vdpbf16ps` multiplies *pairs*
+//! of the shared dimension, so each packed 32-bit word holds two consecutive `k` of one row
+//! (`A`) or column (`B`), and an odd `k` is padded with a zero.
+//!
+//! Only on x86-64 CPUs with AVX512-BF16 (AMD Zen 4 and later, Intel Cooper Lake and Sapphire
+//! Rapids and later); [`available`] says so, and callers keep their f32-converting path
+//! elsewhere. `EMBER_BF16_MATMUL=off` turns it off (to compare the two paths).
+
+use std::cell::Cell;
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+/// Rows of `A` per register tile (12 × 2 accumulators of 16 lanes + 2 `B` vectors + 1
+/// broadcast: 27 of the 32 vector registers).
+const MR: usize = 12;
+/// Columns of `B` per register tile: two vectors of 16 f32 lanes.
+const NR: usize = 32;
+/// Rows of the shared dimension per block: a `B` panel is `KC × NR` bf16 = 16 KiB (L1).
+const KC: usize = 256;
+/// Rows of `A` per parallel task, at most: a packed `A` block is `MC × KC` bf16 = 48 KiB (L2).
+const MC: usize = 96;
+/// Columns of `B` per packed block: `KC × NC` bf16 = 512 KiB (L2/L3).
+const NC: usize = 1024;
+
+/// True when this CPU runs the kernel (AVX-512F and AVX512-BF16) and `EMBER_BF16_MATMUL` is
+/// not `off`.
+pub fn available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        let off = std::env::var("EMBER_BF16_MATMUL").is_ok_and(|v| v == "off");
+        !off && cpu_has_bf16()
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn cpu_has_bf16() -> bool {
+    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn cpu_has_bf16() -> bool {
+    false
+}
+
+/// A strided f32 matrix view: element `(r, c)` at `ptr + r·rs + c·cs`.
+#[derive(Clone, Copy, Debug)]
+pub struct View {
+    /// The first element.
+    pub ptr: *const f32,
+    /// Row stride, in elements.
+    pub rs: isize,
+    /// Column stride, in elements.
+    pub cs: isize,
+}
+
+// SAFETY: a view is only read, and the caller keeps its buffer alive for the call.
+unsafe impl Send for View {}
+unsafe impl Sync for View {}
+
+impl View {
+    /// The transposed view (no copy).
+    pub fn t(self) -> Self {
+        Self { rs: self.cs, cs: self.rs, ..self }
+    }
+
+    /// # Safety
+    /// `(r, c)` inside the viewed matrix.
+    #[inline(always)]
+    unsafe fn at(&self, r: usize, c: usize) -> f32 {
+        *self.ptr.offset(r as isize * self.rs + c as isize * self.cs)
+    }
+}
+
+/// The destination, shared by the tasks (each writes its own rows).
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: tasks write disjoint rows.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// The destination's element `i` (a method, so closures capture the whole `Out`).
+    ///
+    /// # Safety
+    /// `i` inside the destination.
+    unsafe fn at(&self, i: usize) -> *mut f32 {
+        self.0.add(i)
+    }
+}
+
+/// `x` rounded to bfloat16 (nearest, ties to even), as its 16 bits; NaN stays a (quiet) NaN.
+#[inline(always)]
+pub fn bf16_bits(x: f32) -> u32 {
+    if x.is_nan() {
+        return 0x7FC0;
+    }
+    let b = x.to_bits();
+    b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16
+}
+
+/// `x` rounded to bfloat16, as an f32.
+pub fn bf16_round(x: f32) -> f32 {
+    f32::from_bits(bf16_bits(x) << 16)
+}
+
+/// The word of rows (or columns) `i` and `i + 1` of the shared dimension: `lo | hi << 16`.
+#[inline(always)]
+fn pair(lo: f32, hi: Option<f32>) -> u32 {
+    bf16_bits(lo) | hi.map_or(0, bf16_bits) << 16
+}
+
+thread_local! {
+    /// This thread's packed `A` block, kept between calls (no allocation per product).
+    static PACKED_A: Cell<Vec<u32>> = const { Cell::new(Vec::new()) };
+    /// The calling thread's packed `B` block.
+    static PACKED_B: Cell<Vec<u32>> = const { Cell::new(Vec::new()) };
+}
+
+/// `B[k0.., n0..]` (`kc × nc`) into panels of `NR` columns, `[panel][k pair][NR]` words,
+/// zero-padded past the last column and the last `k`.
+fn pack_b(b: View, k0: usize, kc: usize, n0: usize, nc: usize, out: &mut [u32]) {
+    let pairs = kc.div_ceil(2);
+    out.par_chunks_mut(pairs * NR).enumerate().for_each(|(p, panel)| {
+        let c0 = n0 + p * NR;
+        let cols = NR.min(n0 + nc - c0);
+        for (q, words) in panel.chunks_exact_mut(NR).enumerate() {
+            let r = k0 + 2 * q;
+            let second = 2 * q + 1 < kc;
+            for (j, w) in words.iter_mut().enumerate() {
+                // SAFETY: (r, c0 + j) and (r + 1, c0 + j) are inside B when j < cols and, for
+                // the second, when r + 1 < k0 + kc.
+                *w = match j < cols {
+                    true => unsafe { pair(b.at(r, c0 + j), second.then(|| b.at(r + 1, c0 + j))) },
+                    false => 0,
+                };
+            }
+        }
+    });
+}
+
+/// `A[m0.., k0..]` (`mc × kc`) into tiles of `MR` rows, `[tile][k pair][MR]` words,
+/// zero-padded past the last row and the last `k`.
+fn pack_a(a: View, m0: usize, mc: usize, k0: usize, kc: usize, out: &mut [u32]) {
+    let pairs = kc.div_ceil(2);
+    for (t, tile) in out.chunks_exact_mut(pairs * MR).enumerate() {
+        let r0 = m0 + t * MR;
+        let rows = MR.min(m0 + mc - r0);
+        for (q, words) in tile.chunks_exact_mut(MR).enumerate() {
+            let c = k0 + 2 * q;
+            let second = 2 * q + 1 < kc;
+            for (i, w) in words.iter_mut().enumerate() {
+                // SAFETY: as in `pack_b`, with rows and columns exchanged.
+                *w = match i < rows {
+                    true => unsafe { pair(a.at(r0 + i, c), second.then(|| a.at(r0 + i, c + 1))) },
+                    false => 0,
+                };
+            }
+        }
+    }
+}
+
+/// One `MR × NR` tile of `C` (`ldc` elements per row): the sum over `pairs` packed `k` pairs
+/// of `A`'s tile times `B`'s panel, written (or added, `add`) to its first `rows × cols`.
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX512-BF16; `a` holds `pairs × MR` words, `b` `pairs × NR`, and
+/// `c` is valid for `rows` rows of `cols` elements at stride `ldc`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile(
+    pairs: usize,
+    a: *const u32,
+    b: *const u32,
+    c: *mut f32,
+    ldc: usize,
+    rows: usize,
+    cols: usize,
+    add: bool,
+) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    for q in 0..pairs {
+        // SAFETY (transmutes): __m512i and __m512bh are both 64 bytes of lanes.
+        let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(b.add(q * NR).cast()));
+        let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(b.add(q * NR + 16).cast()));
+        let ap = a.add(q * MR);
+        for (i, acc) in acc.iter_mut().enumerate() {
+            let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(i) as i32));
+            acc[0] = _mm512_dpbf16_ps(acc[0], ai, b0);
+            acc[1] = _mm512_dpbf16_ps(acc[1], ai, b1);
+        }
+    }
+    let mask = |n: usize| if n >= 16 { 0xFFFF } else { ((1u32 << n) - 1) as u16 };
+    let (m0, m1) = (mask(cols), mask(cols.saturating_sub(16)));
+    for (i, acc) in acc.iter().enumerate().take(rows) {
+        let p = c.add(i * ldc);
+        let (mut v0, mut v1) = (acc[0], acc[1]);
+        if add {
+            v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, p));
+            v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, p.add(16)));
+        }
+        _mm512_mask_storeu_ps(p, m0, v0);
+        _mm512_mask_storeu_ps(p.add(16), m1, v1);
+    }
+}
+
+/// Not reached: [`available`] is false off x86-64.
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile(_: usize, _: *const u32, _: *const u32, _: *mut f32, _: usize, _: usize, _: usize, _: bool) {
+    unreachable!("the bf16 matmul runs only where `available()`")
+}
+
+/// `C = bf16(A)·bf16(B)` for `A` `[m, k]` and `B` `[k, n]` (strided views), `C` row-major
+/// `[m, n]`, summed in f32. Parallel over blocks of `A`'s rows on rayon's pool; within a
+/// block the sum over `k` runs in blocks of `KC` in order, so the result does not depend on
+/// the thread count.
+///
+/// # Panics
+/// If `c.len() != m·n` or the kernel is not [`available`].
+///
+/// # Safety
+/// `a` and `b` view `m × k` and `k × n` matrices inside live buffers.
+pub unsafe fn gemm(m: usize, n: usize, k: usize, a: View, b: View, c: &mut [f32]) {
+    assert_eq!(c.len(), m * n, "bf16 gemm: destination of {} for {m} × {n}", c.len());
+    assert!(available(), "bf16 gemm: this CPU has no AVX512-BF16");
+    if k == 0 || m == 0 || n == 0 {
+        c.fill(0.0);
+        return;
+    }
+    let out = Out(c.as_mut_ptr());
+    let threads = rayon::current_num_threads();
+    // Enough row blocks for every thread twice over, at most MC rows each.
+    let mc = MC.min(m.div_ceil(2 * threads).div_ceil(MR) * MR).max(MR);
+    // Taken out of the thread-local for the call (and put back): while this thread waits in
+    // the parallel part, rayon may run another product on it (`rayon::join` of a backward's two
+    // products), which then packs into a buffer of its own.
+    let mut packed_b = PACKED_B.take();
+    for k0 in (0..k).step_by(KC) {
+        let kc = KC.min(k - k0);
+        let pairs = kc.div_ceil(2);
+        for n0 in (0..n).step_by(NC) {
+            let nc = NC.min(n - n0);
+            let panels = nc.div_ceil(NR);
+            packed_b.resize(panels * pairs * NR, 0);
+            pack_b(b, k0, kc, n0, nc, &mut packed_b);
+            let packed_b = &packed_b;
+            (0..m.div_ceil(mc)).into_par_iter().for_each(|block| {
+                let m0 = block * mc;
+                let rows_here = mc.min(m - m0);
+                let tiles = rows_here.div_ceil(MR);
+                let mut packed_a = PACKED_A.take();
+                packed_a.resize(tiles * pairs * MR, 0);
+                pack_a(a, m0, rows_here, k0, kc, &mut packed_a);
+                for p in 0..panels {
+                    let cols = NR.min(nc - p * NR);
+                    for t in 0..tiles {
+                        let rows = MR.min(rows_here - t * MR);
+                        // SAFETY: the packed blocks hold `pairs` words per row/column of each
+                        // tile/panel; the destination tile starts inside C's rows m0.. of this
+                        // task and spans rows × cols of it.
+                        tile(
+                            pairs,
+                            packed_a.as_ptr().add(t * pairs * MR),
+                            packed_b.as_ptr().add(p * pairs * NR),
+                            out.at((m0 + t * MR) * n + n0 + p * NR),
+                            n,
+                            rows,
+                            cols,
+                            k0 > 0,
+                        );
+                    }
+                }
+                PACKED_A.set(packed_a);
+            });
+        }
+    }
+    PACKED_B.set(packed_b);
+}
