@@ -68,13 +68,6 @@ impl View {
     pub fn t(self) -> Self {
         Self { rs: self.cs, cs: self.rs, ..self }
     }
-
-    /// # Safety
-    /// `(r, c)` inside the viewed matrix.
-    #[inline(always)]
-    unsafe fn at(&self, r: usize, c: usize) -> f32 {
-        *self.ptr.offset(r as isize * self.rs + c as isize * self.cs)
-    }
 }
 
 /// The destination, shared by the tasks (each writes its own rows).
@@ -109,10 +102,21 @@ pub fn bf16_round(x: f32) -> f32 {
     f32::from_bits(bf16_bits(x) << 16)
 }
 
-/// The word of rows (or columns) `i` and `i + 1` of the shared dimension: `lo | hi << 16`.
+/// The word of two consecutive elements of the shared dimension: `lo | hi << 16`, rounded
+/// (branch-free, so the packing loops vectorize).
 #[inline(always)]
-fn pair(lo: f32, hi: Option<f32>) -> u32 {
-    bf16_bits(lo) | hi.map_or(0, bf16_bits) << 16
+fn pair(lo: f32, hi: f32) -> u32 {
+    #[inline(always)]
+    fn bits(x: f32) -> u32 {
+        let b = x.to_bits();
+        let rounded = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16;
+        if x.is_nan() {
+            0x7FC0
+        } else {
+            rounded
+        }
+    }
+    bits(lo) | bits(hi) << 16
 }
 
 thread_local! {
@@ -122,46 +126,155 @@ thread_local! {
     static PACKED_B: Cell<Vec<u32>> = const { Cell::new(Vec::new()) };
 }
 
-/// `B[k0.., n0..]` (`kc × nc`) into panels of `NR` columns, `[panel][k pair][NR]` words,
-/// zero-padded past the last column and the last `k`.
+/// The words of `len` consecutive elements `src[0], src[step], …` of the shared dimension
+/// (`len` odd: the last word's high half 0) into `out[0], out[stride], …`.
+///
+/// # Safety
+/// `src` valid for `len` elements at `step`; `out` for `len.div_ceil(2)` at `stride`.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16"))]
+#[inline]
+unsafe fn pairs_of(src: *const f32, step: isize, len: usize, out: *mut u32, stride: usize) {
+    let full = len / 2;
+    if step == 1 {
+        let mut q = 0;
+        // 32 elements at a time: `vcvtne2ps2bf16` rounds them (nearest even, NaN quiet,
+        // subnormals to zero, as autocast's oneDNN kernels do) into 32 bf16 = 16 words of
+        // consecutive pairs.
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::*;
+            while q + 16 <= full {
+                let lo = _mm512_loadu_ps(src.add(2 * q));
+                let hi = _mm512_loadu_ps(src.add(2 * q + 16));
+                let words: [u32; 16] = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                for (i, w) in words.into_iter().enumerate() {
+                    *out.add((q + i) * stride) = w;
+                }
+                q += 16;
+            }
+        }
+        let s = std::slice::from_raw_parts(src, len);
+        for q in q..full {
+            *out.add(q * stride) = pair(s[2 * q], s[2 * q + 1]);
+        }
+    } else {
+        for q in 0..full {
+            *out.add(q * stride) =
+                pair(*src.offset(2 * q as isize * step), *src.offset((2 * q + 1) as isize * step));
+        }
+    }
+    if len % 2 == 1 {
+        *out.add(full * stride) = pair(*src.offset((len - 1) as isize * step), 0.0);
+    }
+}
+
+/// One panel of `B`: columns `c0..c0 + cols` (`cols ≤ NR`) of rows `k0..k0 + kc`, as
+/// `[k pair][NR]` words, zero past the last column.
+///
+/// # Safety
+/// The view covers those rows and columns; the CPU has the kernel's features.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16"))]
+unsafe fn pack_b_panel(b: View, k0: usize, kc: usize, c0: usize, cols: usize, panel: &mut [u32]) {
+    let pairs = kc.div_ceil(2);
+    if b.cs == 1 {
+        // Rows contiguous: two rows' `cols` elements give one row of words.
+        for q in 0..pairs {
+            let r = k0 + 2 * q;
+            let words = &mut panel[q * NR..(q + 1) * NR];
+            let row0 = std::slice::from_raw_parts(b.ptr.offset(r as isize * b.rs + c0 as isize), cols);
+            if 2 * q + 1 < kc {
+                let row1 =
+                    std::slice::from_raw_parts(b.ptr.offset((r + 1) as isize * b.rs + c0 as isize), cols);
+                for j in 0..cols {
+                    words[j] = pair(row0[j], row1[j]);
+                }
+            } else {
+                for j in 0..cols {
+                    words[j] = pair(row0[j], 0.0);
+                }
+            }
+            words[cols..].fill(0);
+        }
+    } else {
+        // Columns contiguous (a transposed weight) or strided: one column at a time.
+        for j in 0..NR {
+            match j < cols {
+                true => pairs_of(
+                    b.ptr.offset(k0 as isize * b.rs + (c0 + j) as isize * b.cs),
+                    b.rs,
+                    kc,
+                    panel.as_mut_ptr().add(j),
+                    NR,
+                ),
+                false => (0..pairs).for_each(|q| panel[q * NR + j] = 0),
+            }
+        }
+    }
+}
+
+/// One tile of `A`: rows `r0..r0 + rows` (`rows ≤ MR`) of columns `k0..k0 + kc`, as
+/// `[row][k pair]` words, zero past the last row.
+///
+/// # Safety
+/// As [`pack_b_panel`].
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16"))]
+unsafe fn pack_a_tile(a: View, r0: usize, rows: usize, k0: usize, kc: usize, tile: &mut [u32]) {
+    let pairs = kc.div_ceil(2);
+    if a.rs == 1 && a.cs != 1 {
+        // Columns contiguous (a transposed activation): two columns' `rows` elements give
+        // one word per row.
+        for q in 0..pairs {
+            let c = k0 + 2 * q;
+            let col0 = std::slice::from_raw_parts(a.ptr.offset(c as isize * a.cs + r0 as isize), rows);
+            let mut words = [0u32; MR];
+            if 2 * q + 1 < kc {
+                let col1 =
+                    std::slice::from_raw_parts(a.ptr.offset((c + 1) as isize * a.cs + r0 as isize), rows);
+                for i in 0..rows {
+                    words[i] = pair(col0[i], col1[i]);
+                }
+            } else {
+                for i in 0..rows {
+                    words[i] = pair(col0[i], 0.0);
+                }
+            }
+            for (i, &w) in words.iter().enumerate() {
+                tile[i * pairs + q] = w;
+            }
+        }
+    } else {
+        for i in 0..MR {
+            match i < rows {
+                true => pairs_of(
+                    a.ptr.offset((r0 + i) as isize * a.rs + k0 as isize * a.cs),
+                    a.cs,
+                    kc,
+                    tile.as_mut_ptr().add(i * pairs),
+                    1,
+                ),
+                false => tile[i * pairs..(i + 1) * pairs].fill(0),
+            }
+        }
+    }
+}
+
+/// `B[k0.., n0..]` (`kc × nc`) into panels of `NR` columns, `[panel][k pair][NR]` words.
 fn pack_b(b: View, k0: usize, kc: usize, n0: usize, nc: usize, out: &mut [u32]) {
     let pairs = kc.div_ceil(2);
     out.par_chunks_mut(pairs * NR).enumerate().for_each(|(p, panel)| {
         let c0 = n0 + p * NR;
-        let cols = NR.min(n0 + nc - c0);
-        for (q, words) in panel.chunks_exact_mut(NR).enumerate() {
-            let r = k0 + 2 * q;
-            let second = 2 * q + 1 < kc;
-            for (j, w) in words.iter_mut().enumerate() {
-                // SAFETY: (r, c0 + j) and (r + 1, c0 + j) are inside B when j < cols and, for
-                // the second, when r + 1 < k0 + kc.
-                *w = match j < cols {
-                    true => unsafe { pair(b.at(r, c0 + j), second.then(|| b.at(r + 1, c0 + j))) },
-                    false => 0,
-                };
-            }
-        }
+        // SAFETY: the panel's columns and rows are inside B; `available()` was checked.
+        unsafe { pack_b_panel(b, k0, kc, c0, NR.min(n0 + nc - c0), panel) }
     });
 }
 
-/// `A[m0.., k0..]` (`mc × kc`) into tiles of `MR` rows, `[tile][k pair][MR]` words,
-/// zero-padded past the last row and the last `k`.
+/// `A[m0.., k0..]` (`mc × kc`) into tiles of `MR` rows, `[tile][row][k pair]` words.
 fn pack_a(a: View, m0: usize, mc: usize, k0: usize, kc: usize, out: &mut [u32]) {
     let pairs = kc.div_ceil(2);
     for (t, tile) in out.chunks_exact_mut(pairs * MR).enumerate() {
         let r0 = m0 + t * MR;
-        let rows = MR.min(m0 + mc - r0);
-        for (q, words) in tile.chunks_exact_mut(MR).enumerate() {
-            let c = k0 + 2 * q;
-            let second = 2 * q + 1 < kc;
-            for (i, w) in words.iter_mut().enumerate() {
-                // SAFETY: as in `pack_b`, with rows and columns exchanged.
-                *w = match i < rows {
-                    true => unsafe { pair(a.at(r0 + i, c), second.then(|| a.at(r0 + i, c + 1))) },
-                    false => 0,
-                };
-            }
-        }
+        // SAFETY: as in `pack_b`.
+        unsafe { pack_a_tile(a, r0, MR.min(m0 + mc - r0), k0, kc, tile) }
     }
 }
 
@@ -190,9 +303,8 @@ unsafe fn tile(
         // SAFETY (transmutes): __m512i and __m512bh are both 64 bytes of lanes.
         let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(b.add(q * NR).cast()));
         let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(b.add(q * NR + 16).cast()));
-        let ap = a.add(q * MR);
         for (i, acc) in acc.iter_mut().enumerate() {
-            let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(i) as i32));
+            let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a.add(i * pairs + q) as i32));
             acc[0] = _mm512_dpbf16_ps(acc[0], ai, b0);
             acc[1] = _mm512_dpbf16_ps(acc[1], ai, b1);
         }
