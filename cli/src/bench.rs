@@ -117,19 +117,30 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         _ => out!("MFU              — (no spec-sheet peak FLOP/s for this device: pass --peak-flops)"),
     }
-    out!(
-        "memory           peak RSS {:.1} MB, {:.1} MB above the {:.1} MB before the model; estimated {:.1} MB",
-        mb(r.peak_rss_bytes),
-        mb(r.peak_rss_bytes.saturating_sub(r.baseline_rss_bytes)),
-        mb(r.baseline_rss_bytes),
-        mb(r.estimate.peak)
-    );
-    if let Some(device) = r.device_memory {
-        out!(
-            "device memory    {:.1} MB in use at most (after a forward or the backward), {:.1} MB reserved by the pool",
-            mb(device.in_use_bytes),
-            mb(device.reserved_bytes)
-        );
+    // The estimate models the process's RSS on the CPU and the pool's bytes in use on a GPU:
+    // printed beside the reading it predicts.
+    match r.device_memory {
+        None => out!(
+            "memory           peak RSS {:.1} MB, {:.1} MB above the {:.1} MB before the model; estimated {:.1} MB",
+            mb(r.peak_rss_bytes),
+            mb(r.peak_rss_bytes.saturating_sub(r.baseline_rss_bytes)),
+            mb(r.baseline_rss_bytes),
+            mb(r.estimate.peak)
+        ),
+        Some(device) => {
+            out!(
+                "memory           peak RSS {:.1} MB, {:.1} MB above the {:.1} MB before the model (host)",
+                mb(r.peak_rss_bytes),
+                mb(r.peak_rss_bytes.saturating_sub(r.baseline_rss_bytes)),
+                mb(r.baseline_rss_bytes)
+            );
+            out!(
+                "device memory    {:.1} MB in use at most (after a forward or the backward; estimated {:.1} MB), {:.1} MB reserved by the pool",
+                mb(device.in_use_bytes),
+                mb(r.estimate.peak),
+                mb(device.reserved_bytes)
+            );
+        }
     }
     out!(
         "last loss        {:.4} nats/token (random tokens: ≈ ln(vocab) = {:.4})",

@@ -51,6 +51,8 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
     if let Some(precision) = args.precision {
         config.precision = precision;
     }
+    // A run the backend refuses has no estimate either.
+    ember_train::tools::backend::check_precision(config.backend, config.precision)?;
     crate::bench::warn_missing_data(&config);
     config.resolve_vocab(config.data_vocab()?)?;
     let peak =

@@ -229,8 +229,14 @@ impl RunConfig {
             sizes.push(("model.d_ff", m.d_ff));
         }
         sizes.sort_by_key(|&(_, value)| std::cmp::Reverse(value));
+        // Name what is out of reach: the bytes, the tokens per step, or both.
+        let what = match (bytes >= MAX_BYTES, step_tokens >= MAX_BYTES) {
+            (true, true) => format!("about {bytes:.1e} bytes and {step_tokens:.1e} tokens per step"),
+            (true, false) => format!("about {bytes:.1e} bytes"),
+            (false, _) => format!("{step_tokens:.1e} tokens per step"),
+        };
         let message = format!(
-            "the run would need about {bytes:.1e} bytes ({step_tokens:.1e} tokens per step), far beyond any machine; {} = {} is the largest size",
+            "the run would need {what}, far beyond any machine; {} = {} is the largest size",
             sizes[0].0, sizes[0].1
         );
         Err(Invalid::new(sizes[0].0, message))

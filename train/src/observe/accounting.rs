@@ -275,9 +275,10 @@ pub struct Estimate {
     /// reads them: the largest of
     /// - the start of the backward pass: weights and AdamW state, the 16-bit weight copies,
     ///   every activation, the backward working set, and the gradients — all of them in a
-    ///   process's RSS ([`MemoryReading::ProcessRss`]), only those made before the backward
-    ///   frees any activation (the LM head's and the last layer's matmul weights') in a device
-    ///   pool's bytes in use ([`MemoryReading::DeviceInUse`]),
+    ///   process's RSS ([`MemoryReading::ProcessRss`]) or with gradient accumulation (the
+    ///   earlier micro-batches' sum), else only those made before the backward frees any
+    ///   activation (the LM head's and the last layer's matmul weights') in a device pool's
+    ///   bytes in use ([`MemoryReading::DeviceInUse`]),
     /// - its end: the persistent bytes (every gradient made), the copies and the working set
     ///   (measured on wgpu: 16 B/param to the byte after the backward of a 2×128 model),
     /// - the gradient exchange: persistent + [`Self::exchange_bytes`].
@@ -498,10 +499,13 @@ pub fn estimate(
     // activations freed). In between the sum moves linearly from one to the other. A
     // process's RSS still holds the previous step's gradients at the start (the allocator
     // keeps freed memory), a device pool's bytes in use do not.
+    // With gradient accumulation every micro-batch after the first runs beside the gradients
+    // the earlier ones summed.
     let grads_bytes = params * per_param.grads;
-    let grads_at_start = match mode.memory {
-        MemoryReading::ProcessRss => grads_bytes,
-        MemoryReading::DeviceInUse => (head_params + d.layer_matmul_params) * per_param.grads,
+    let micro_batches_per_rank = tokens_per_step / (rows * world_size).max(1);
+    let grads_at_start = match (mode.memory, micro_batches_per_rank > 1) {
+        (MemoryReading::ProcessRss, _) | (MemoryReading::DeviceInUse, true) => grads_bytes,
+        (MemoryReading::DeviceInUse, false) => (head_params + d.layer_matmul_params) * per_param.grads,
     };
     let start = |copies: u64, activations: u64| {
         persistent_bytes - grads_bytes + grads_at_start + copies + activations + backward_working_set
@@ -680,7 +684,7 @@ mod tests {
         let a = one.activations;
         assert_eq!(one.peak, params * 16 + a.total);
         let device = Mode { memory: MemoryReading::DeviceInUse, ..one.mode };
-        let on_device = estimate(&model, 1, 128, 256, 1, device, None, 0.4);
+        let on_device = estimate(&model, 1, 128, 128, 1, device, None, 0.4);
         assert_eq!(on_device.peak, params * 16);
         assert_eq!(two.exchange_bytes, params * 8);
         assert_eq!(two.peak, params * 8 + larger * 8 + params * 8);
@@ -736,6 +740,10 @@ mod tests {
         let on_device = estimate(&model, 12, 64, 768, 1, device, None, 0.5);
         assert_eq!(on_device.peak_bytes.0, 9_650_688 + 820_224 + 26_363_904); // 36.8 MB
         assert_eq!(on_device.peak_bytes.1, 9_650_688 + 820_224 + 8_988_672);
+        // With 4 accumulation steps (3,072 tokens per step) the later micro-batches run beside
+        // the summed gradients: all of them count, as in the process's RSS.
+        let accumulated = estimate(&model, 12, 64, 4 * 768, 1, device, None, 0.5);
+        assert_eq!(accumulated.peak_bytes, e.peak_bytes);
         // FLOPs/token: 6·804,224 + 12·4·128·64 = 4,825,344 + 393,216.
         assert_eq!(e.flops_per_token, 5_218_560);
         assert_eq!(e.flops_per_step, 5_218_560.0 * 768.0);

@@ -92,7 +92,7 @@ fn run_wgpu<T: BackendTask>(indices: &[usize], task: T) -> Result<T::Output, Tra
 #[cfg(not(feature = "wgpu"))]
 fn run_wgpu<T: BackendTask>(_indices: &[usize], _task: T) -> Result<T::Output, TrainError> {
     Err(TrainError::Backend(
-        "this ember was built without wgpu support; rebuild with `cargo build --release --features ember/wgpu` (and install a Vulkan driver) or use backend = \"flex\" (--backend flex)".into(),
+        "this ember was built without wgpu support; rebuild with `cargo build --release --features ember/wgpu` (and install a Vulkan driver) or use backend = \"flex\" (`--set backend='\"flex\"'`; `ember bench` and `ember verify`: `--backend flex`)".into(),
     ))
 }
 
@@ -116,7 +116,7 @@ fn run_cuda<T: BackendTask>(indices: &[usize], task: T) -> Result<T::Output, Tra
 #[cfg(not(feature = "cuda"))]
 fn run_cuda<T: BackendTask>(_indices: &[usize], _task: T) -> Result<T::Output, TrainError> {
     Err(TrainError::Backend(
-        "this ember was built without CUDA support; rebuild with `CUDARC_CUDA_VERSION=13000 cargo build --release --features ember/cuda` or use backend = \"flex\" (--backend flex)".into(),
+        "this ember was built without CUDA support; rebuild with `CUDARC_CUDA_VERSION=13000 cargo build --release --features ember/cuda` or use backend = \"flex\" (`--set backend='\"flex\"'`; `ember bench` and `ember verify`: `--backend flex`)".into(),
     ))
 }
 
