@@ -221,9 +221,16 @@ unsafe fn pack_b_panel(b: View, k0: usize, kc: usize, c0: usize, cols: usize, pa
 unsafe fn pack_a_tile(a: View, r0: usize, rows: usize, k0: usize, kc: usize, tile: &mut [u32]) {
     let pairs = kc.div_ceil(2);
     if a.rs == 1 && a.cs != 1 {
-        // Columns contiguous (a transposed activation): two columns' `rows` elements give
-        // one word per row.
-        for q in 0..pairs {
+        // Columns contiguous (a transposed activation, the weight gradient's `xᵀ`): two
+        // columns' `rows` elements give one word per row. 16 pairs at a time in vectors, the
+        // rest one by one.
+        let mut first = 0;
+        #[cfg(target_arch = "x86_64")]
+        while first + 16 <= kc / 2 {
+            pack_a_transposed_16(a, r0, rows, k0 + 2 * first, first, pairs, tile);
+            first += 16;
+        }
+        for q in first..pairs {
             let c = k0 + 2 * q;
             let col0 = std::slice::from_raw_parts(a.ptr.offset(c as isize * a.cs + r0 as isize), rows);
             let mut words = [0u32; MR];
@@ -255,6 +262,50 @@ unsafe fn pack_a_tile(a: View, r0: usize, rows: usize, k0: usize, kc: usize, til
                 false => tile[i * pairs..(i + 1) * pairs].fill(0),
             }
         }
+    }
+}
+
+/// Pairs `q0..q0 + 16` of an `A` tile whose columns are contiguous (`a.rs == 1`), starting at
+/// column `c` of the shared dimension: each pair's two columns (`rows ≤ MR` elements each) are
+/// rounded by `vcvtneps2bf16` into one vector of words, one lane per row; the 16 × 16 block of
+/// words is then read back by row (gathers) and stored as 16 consecutive words of each row.
+///
+/// # Safety
+/// As [`pack_b_panel`]; columns `c..c + 32` and rows `r0..r0 + rows` inside `A`, and the tile
+/// holds `MR` rows of `pairs ≥ q0 + 16` words.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+unsafe fn pack_a_transposed_16(
+    a: View,
+    r0: usize,
+    rows: usize,
+    c: usize,
+    q0: usize,
+    pairs: usize,
+    tile: &mut [u32],
+) {
+    use std::arch::x86_64::*;
+    debug_assert!(rows <= MR && q0 + 16 <= pairs && tile.len() >= MR * pairs);
+    let mask = ((1u32 << rows) - 1) as u16;
+    let mut block = [0u32; 256]; // [pair][row]
+    let widen = |x: __m512| -> __m512i {
+        // SAFETY (transmute): __m256bh and __m256i are both 32 bytes of lanes.
+        _mm512_cvtepu16_epi32(std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(x)))
+    };
+    for q in 0..16 {
+        let col0 = a.ptr.offset((c + 2 * q) as isize * a.cs + r0 as isize);
+        let lo = widen(_mm512_maskz_loadu_ps(mask, col0));
+        let hi = widen(_mm512_maskz_loadu_ps(mask, col0.offset(a.cs)));
+        _mm512_storeu_si512(
+            block.as_mut_ptr().add(q * 16).cast(),
+            _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi)),
+        );
+    }
+    let by_pair = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+    for i in 0..MR {
+        let offsets = _mm512_add_epi32(by_pair, _mm512_set1_epi32(i as i32));
+        let row = _mm512_i32gather_epi32::<4>(offsets, block.as_ptr().cast());
+        _mm512_storeu_si512(tile.as_mut_ptr().add(i * pairs + q0).cast(), row);
     }
 }
 
