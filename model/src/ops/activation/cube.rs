@@ -11,7 +11,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 
-use super::{composed, FusedActivation};
+use super::{bias_gelu_by_add, bias_gelu_dx_by_add, with_bias_grad, FusedActivation};
 use crate::ops::cube::fusion::custom_op;
 use crate::ops::cube::{
     contiguous, element_index, elementwise_grid, empty, rows_cols, two, ELEMENTWISE_THREADS,
@@ -208,10 +208,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FusedActiv
     }
 
     fn fused_bias_gelu(x: FloatTensor<Self>, bias: FloatTensor<Self>, kind: GeluKind) -> FloatTensor<Self> {
-        if bias.dtype != x.dtype {
-            return Self::fused_gelu(composed::add_bias::<Self>(x, bias), kind);
+        match bias.dtype == x.dtype {
+            true => gelu(x, Some(bias), None, kind),
+            false => bias_gelu_by_add::<Self>(x, bias, kind),
         }
-        gelu(x, Some(bias), None, kind)
     }
 
     /// `dx` by the kernel; `dbias`, a sum over rows, by Burn's reduction.
@@ -221,11 +221,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FusedActiv
         grad: FloatTensor<Self>,
         kind: GeluKind,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let dx = match bias.dtype == x.dtype {
+        with_bias_grad::<Self>(match bias.dtype == x.dtype {
             true => gelu(x, Some(bias), Some(grad), kind),
-            false => Self::fused_gelu_backward(composed::add_bias::<Self>(x, bias), grad, kind),
-        };
-        (dx.clone(), composed::sum_rows::<Self>(dx))
+            false => bias_gelu_dx_by_add::<Self>(x, bias, grad, kind),
+        })
     }
 
     fn fused_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {

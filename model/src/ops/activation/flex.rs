@@ -5,7 +5,7 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, TensorMetadata};
 use rayon::prelude::*;
 
-use super::{composed, FusedActivation};
+use super::{bias_gelu_by_add, bias_gelu_dx_by_add, composed, with_bias_grad, FusedActivation};
 use crate::ops::flex::{contiguous_f32, from_vec, map2, map2_over, rows_per_task};
 use crate::ops::simd::{exp, normal_cdf, tanh, vectorized, Madd};
 use crate::GeluKind;
@@ -189,8 +189,7 @@ impl FusedActivation for Flex {
     }
 
     fn fused_bias_gelu(x: FloatTensor<Self>, bias: FloatTensor<Self>, kind: GeluKind) -> FloatTensor<Self> {
-        bias_gelu(&x, &bias, None, kind)
-            .unwrap_or_else(|_| Self::fused_gelu(composed::add_bias::<Self>(x, bias), kind))
+        bias_gelu(&x, &bias, None, kind).unwrap_or_else(|_| bias_gelu_by_add::<Self>(x, bias, kind))
     }
 
     /// `dx` in one pass over the rows (over the incoming gradient where nothing else holds
@@ -201,14 +200,10 @@ impl FusedActivation for Flex {
         grad: FloatTensor<Self>,
         kind: GeluKind,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let dx = match bias_gelu(&x, &bias, Some(grad), kind) {
+        with_bias_grad::<Self>(match bias_gelu(&x, &bias, Some(grad), kind) {
             Ok(dx) => dx,
-            Err(grad) => {
-                let grad = grad.expect("given");
-                Self::fused_gelu_backward(composed::add_bias::<Self>(x, bias), grad, kind)
-            }
-        };
-        (dx.clone(), composed::sum_rows::<Self>(dx))
+            Err(grad) => bias_gelu_dx_by_add::<Self>(x, bias, grad.expect("given"), kind),
+        })
     }
 
     fn fused_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -41,7 +41,7 @@ pub trait FusedActivation: Backend {
     /// `c_fc`), instead of one pass for the bias and one for GELU. The default adds the bias
     /// with Burn's broadcasting add, then calls [`Self::fused_gelu`].
     fn fused_bias_gelu(x: FloatTensor<Self>, bias: FloatTensor<Self>, kind: GeluKind) -> FloatTensor<Self> {
-        Self::fused_gelu(composed::add_bias::<Self>(x, bias), kind)
+        bias_gelu_by_add::<Self>(x, bias, kind)
     }
 
     /// `(dx, dbias)` of `Σ grad ⊙ GELU(x + bias)`: `dx = grad·GELU′(x + bias)` (`x`'s shape)
@@ -53,9 +53,7 @@ pub trait FusedActivation: Backend {
         grad: FloatTensor<Self>,
         kind: GeluKind,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let dx = Self::fused_gelu_backward(composed::add_bias::<Self>(x, bias), grad, kind);
-        let dbias = composed::sum_rows::<Self>(dx.clone());
-        (dx, dbias)
+        with_bias_grad::<Self>(bias_gelu_dx_by_add::<Self>(x, bias, grad, kind))
     }
 
     /// `SiLU(gate) ⊙ up` (Shazeer 2020, eq. 6): `gate`, `up` of the same shape.
@@ -72,6 +70,31 @@ pub trait FusedActivation: Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         composed::swiglu_backward::<Self>(gate, up, grad)
     }
+}
+
+/// [`FusedActivation::fused_bias_gelu`]'s default, and its implementations' fallback: Burn's
+/// broadcasting add, then the backend's [`FusedActivation::fused_gelu`].
+fn bias_gelu_by_add<B: FusedActivation>(
+    x: FloatTensor<B>,
+    bias: FloatTensor<B>,
+    kind: GeluKind,
+) -> FloatTensor<B> {
+    B::fused_gelu(composed::add_bias::<B>(x, bias), kind)
+}
+
+/// `grad·GELU′(x + bias)` by Burn's add and the backend's [`FusedActivation::fused_gelu_backward`].
+fn bias_gelu_dx_by_add<B: FusedActivation>(
+    x: FloatTensor<B>,
+    bias: FloatTensor<B>,
+    grad: FloatTensor<B>,
+    kind: GeluKind,
+) -> FloatTensor<B> {
+    B::fused_gelu_backward(composed::add_bias::<B>(x, bias), grad, kind)
+}
+
+/// `(dx, dbias)` from the gradient of `x + bias`: the bias's is its sum over the rows.
+fn with_bias_grad<B: Backend>(dx: FloatTensor<B>) -> (FloatTensor<B>, FloatTensor<B>) {
+    (dx.clone(), composed::sum_rows::<B>(dx))
 }
 
 /// GELU of `x` (any shape), fused where the backend has it (see [`FusedActivation`]).

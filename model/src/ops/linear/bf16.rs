@@ -88,13 +88,16 @@ impl Out {
 }
 
 /// `x` rounded to bfloat16 (nearest, ties to even), as its 16 bits; NaN stays a (quiet) NaN.
+/// Branch-free (a select for NaN), so the packing loops vectorize.
 #[inline(always)]
 pub fn bf16_bits(x: f32) -> u32 {
-    if x.is_nan() {
-        return 0x7FC0;
-    }
     let b = x.to_bits();
-    b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16
+    let rounded = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16;
+    if x.is_nan() {
+        0x7FC0
+    } else {
+        rounded
+    }
 }
 
 /// `x` rounded to bfloat16, as an f32.
@@ -102,21 +105,20 @@ pub fn bf16_round(x: f32) -> f32 {
     f32::from_bits(bf16_bits(x) << 16)
 }
 
-/// The word of two consecutive elements of the shared dimension: `lo | hi << 16`, rounded
-/// (branch-free, so the packing loops vectorize).
+/// The word of two consecutive elements of the shared dimension: `lo | hi << 16`, rounded.
 #[inline(always)]
 fn pair(lo: f32, hi: f32) -> u32 {
-    #[inline(always)]
-    fn bits(x: f32) -> u32 {
-        let b = x.to_bits();
-        let rounded = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16;
-        if x.is_nan() {
-            0x7FC0
-        } else {
-            rounded
-        }
+    bf16_bits(lo) | bf16_bits(hi) << 16
+}
+
+/// `out[i] = pair(lo[i], hi[i])` for two runs of the shared dimension's consecutive elements
+/// (`hi` absent past an odd end: its half is 0).
+#[inline(always)]
+fn pairs_of_runs(lo: &[f32], hi: Option<&[f32]>, out: &mut [u32]) {
+    match hi {
+        Some(hi) => out.iter_mut().zip(lo.iter().zip(hi)).for_each(|(w, (&l, &h))| *w = pair(l, h)),
+        None => out.iter_mut().zip(lo).for_each(|(w, &l)| *w = pair(l, 0.0)),
     }
-    bits(lo) | bits(hi) << 16
 }
 
 thread_local! {
@@ -181,18 +183,9 @@ unsafe fn pack_b_panel(b: View, k0: usize, kc: usize, c0: usize, cols: usize, pa
         for q in 0..pairs {
             let r = k0 + 2 * q;
             let words = &mut panel[q * NR..(q + 1) * NR];
-            let row0 = std::slice::from_raw_parts(b.ptr.offset(r as isize * b.rs + c0 as isize), cols);
-            if 2 * q + 1 < kc {
-                let row1 =
-                    std::slice::from_raw_parts(b.ptr.offset((r + 1) as isize * b.rs + c0 as isize), cols);
-                for j in 0..cols {
-                    words[j] = pair(row0[j], row1[j]);
-                }
-            } else {
-                for j in 0..cols {
-                    words[j] = pair(row0[j], 0.0);
-                }
-            }
+            let row =
+                |r: usize| std::slice::from_raw_parts(b.ptr.offset(r as isize * b.rs + c0 as isize), cols);
+            pairs_of_runs(row(r), (2 * q + 1 < kc).then(|| row(r + 1)), &mut words[..cols]);
             words[cols..].fill(0);
         }
     } else {
@@ -232,19 +225,10 @@ unsafe fn pack_a_tile(a: View, r0: usize, rows: usize, k0: usize, kc: usize, til
         }
         for q in first..pairs {
             let c = k0 + 2 * q;
-            let col0 = std::slice::from_raw_parts(a.ptr.offset(c as isize * a.cs + r0 as isize), rows);
+            let col =
+                |c: usize| std::slice::from_raw_parts(a.ptr.offset(c as isize * a.cs + r0 as isize), rows);
             let mut words = [0u32; MR];
-            if 2 * q + 1 < kc {
-                let col1 =
-                    std::slice::from_raw_parts(a.ptr.offset((c + 1) as isize * a.cs + r0 as isize), rows);
-                for i in 0..rows {
-                    words[i] = pair(col0[i], col1[i]);
-                }
-            } else {
-                for i in 0..rows {
-                    words[i] = pair(col0[i], 0.0);
-                }
-            }
+            pairs_of_runs(col(c), (2 * q + 1 < kc).then(|| col(c + 1)), &mut words[..rows]);
             for (i, &w) in words.iter().enumerate() {
                 tile[i * pairs + q] = w;
             }

@@ -172,13 +172,23 @@ fn flex_bf16<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Tensor<B, 2
 /// same), and the forward is one large matmul instead of `batch` smaller ones. The reshapes are
 /// free for the contiguous activations a model produces. The matmul is [`matmul`].
 pub fn linear<B: Backend, const D: usize>(layer: &Linear<B>, x: Tensor<B, D>) -> Tensor<B, D> {
+    on_rows(x, |x| {
+        let y = matmul(x, layer.weight.val());
+        match &layer.bias {
+            Some(bias) => y + bias.val().unsqueeze::<2>(),
+            None => y,
+        }
+    })
+}
+
+/// `f` of `x`'s `[d₀·…, in]` view (free for a contiguous `x`), reshaped back to `[d₀, …, out]`.
+fn on_rows<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    f: impl FnOnce(Tensor<B, 2>) -> Tensor<B, 2>,
+) -> Tensor<B, D> {
     let dims = x.dims();
     let rows: usize = dims[..D - 1].iter().product();
-    let y = matmul(x.reshape([rows, dims[D - 1]]), layer.weight.val());
-    let y = match &layer.bias {
-        Some(bias) => y + bias.val().unsqueeze::<2>(),
-        None => y,
-    };
+    let y = f(x.reshape([rows, dims[D - 1]]));
     let mut out = dims;
     out[D - 1] = y.dims()[1];
     y.reshape(out)
@@ -192,14 +202,11 @@ pub fn linear_gelu<B: Backend, const D: usize>(
     x: Tensor<B, D>,
     kind: crate::GeluKind,
 ) -> Tensor<B, D> {
-    let dims = x.dims();
-    let rows: usize = dims[..D - 1].iter().product();
-    let y = matmul(x.reshape([rows, dims[D - 1]]), layer.weight.val());
-    let y = match &layer.bias {
-        Some(bias) => super::bias_gelu(y, bias.val(), kind),
-        None => super::gelu(y, kind),
-    };
-    let mut out = dims;
-    out[D - 1] = y.dims()[1];
-    y.reshape(out)
+    on_rows(x, |x| {
+        let y = matmul(x, layer.weight.val());
+        match &layer.bias {
+            Some(bias) => super::bias_gelu(y, bias.val(), kind),
+            None => super::gelu(y, kind),
+        }
+    })
 }
